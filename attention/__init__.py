@@ -1,0 +1,17 @@
+"""headcount's attention: one-head scaled dot-product attention vmapped into MHA / GQA / MQA."""
+
+from attention.core import IMPLS, attend, dot_product_attention
+from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention
+from attention.masks import combine_masks, make_attention_mask, make_causal_mask, make_padding_mask
+
+__all__ = [
+    "IMPLS",
+    "MultiHeadAttention",
+    "MultiHeadDotProductAttention",
+    "attend",
+    "combine_masks",
+    "dot_product_attention",
+    "make_attention_mask",
+    "make_causal_mask",
+    "make_padding_mask",
+]

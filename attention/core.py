@@ -1,0 +1,313 @@
+"""Scaled dot-product attention, written once for one head and mapped over the rest.
+
+Every `impl` computes the same function; they differ only in how XLA sees it:
+
+* `"vmap"`   -- `_one_head` (q [Lq, Dk], k [Lk, Dk], v [Lk, Dv]) `jax.vmap`-ed over the
+  query heads sharing a KV head, over KV groups, then over batch. K/V are mapped with
+  `in_axes=None` at the inner level, so GQA/MQA never materialise repeated K/V.
+* `"einsum"` -- the same algebra as one batched einsum pair over `[B, G, H/G, ...]`.
+* `"xla"` / `"cudnn"` -- `jax.nn.dot_product_attention` with that implementation.
+
+Conventions shared by all paths: logits and softmax in float32 (at least), masked
+logits filled with `finfo(float32).min`, so a query row whose keys are *all* masked
+gets uniform weights over every key (its output is the mean of V) -- finite, and the
+same as Flax and `jax.nn`. Attention dropout (vmap/einsum only) draws its keep-mask
+exactly as `flax.linen.dot_product_attention_weights` does, so the same `dropout_rng`
+gives the same result as Flax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from attention.masks import check_mask_like, normalize_window, structure_mask
+
+Array = Any
+IMPLS = ("vmap", "einsum", "xla", "cudnn")
+
+
+def dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    local_window_size: int | tuple[int, int] | None = None,
+    impl: str = "vmap",
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+    dtype: Any = None,
+    precision: Any = None,
+    broadcast_dropout: bool = True,
+) -> Array:
+    """Multi-head, grouped-query or multi-query attention.
+
+    Args:
+      query: `[batch..., Lq, H, Dk]`.
+      key: `[batch..., Lk, G, Dk]` with `H % G == 0` (G == H: MHA, 1 < G < H: GQA, G == 1: MQA).
+      value: `[batch..., Lk, G, Dv]`.
+      mask: bool, broadcastable to `[batch..., H, Lq, Lk]`; True = attend.
+      bias: float, broadcastable to `[batch..., H, Lq, Lk]`; added to the logits.
+      is_causal: query i attends keys j <= i (top-left aligned, as `jax.nn`). ANDed with `mask`.
+      local_window_size: `w` or `(left, right)`: query i attends keys i-left..i+right.
+      impl: one of `IMPLS`.
+      dropout_rate, dropout_rng, deterministic, broadcast_dropout: attention-weight dropout,
+        as in Flax (`broadcast_dropout` shares one keep-mask over batch and heads).
+      dtype: computation dtype (default: promoted from the inputs).
+      precision: `lax.Precision` (or its name) for the matmuls.
+
+    Returns:
+      `[batch..., Lq, H, Dv]` in `dtype`.
+    """
+    out, _ = attend(
+        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+        local_window_size=local_window_size, impl=impl, dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng, deterministic=deterministic, dtype=dtype,
+        precision=precision, broadcast_dropout=broadcast_dropout,
+    )
+    return out
+
+
+def attend(
+    query: Array,
+    key: Array,
+    value: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    local_window_size: int | tuple[int, int] | None = None,
+    impl: str = "vmap",
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+    dtype: Any = None,
+    precision: Any = None,
+    broadcast_dropout: bool = True,
+    kv_heads_first: bool = False,
+) -> tuple[Array, Array | None]:
+    """`dot_product_attention` that also returns the weights `[batch..., H, Lq, Lk]`.
+
+    The weights are pre-dropout (what Flax sows) and None for the `jax.nn` backends.
+    Unused weights cost nothing under `jit`. `kv_heads_first=True` takes key/value as
+    `[batch..., G, Lk, D]`, the layout of the decode cache, without transposing them.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    query, key, value = (jnp.asarray(x) for x in (query, key, value))
+    dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(query, key, value)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"dtype must be floating point, got {dtype}")
+    query, key, value = (x.astype(dtype) for x in (query, key, value))
+
+    batch, (Lq, H, Dk), (G, Lk) = _check_shapes(query, key, value, kv_heads_first)
+    window = normalize_window(local_window_size)
+    logits_shape = (*batch, H, Lq, Lk)
+    mask = None if mask is None else jnp.asarray(mask)
+    bias = None if bias is None else jnp.asarray(bias)
+    check_mask_like("mask", mask, logits_shape, bool_dtype=True)
+    check_mask_like("bias", bias, logits_shape, bool_dtype=False)
+    keep = _dropout_multiplier(
+        dropout_rate, dropout_rng, deterministic, broadcast_dropout, logits_shape, dtype
+    )
+
+    if impl in ("xla", "cudnn"):
+        if keep is not None:
+            raise ValueError(
+                f"impl={impl!r} has no attention dropout (jax.nn.dot_product_attention "
+                "lacks it); use impl='vmap' or 'einsum', or dropout_rate=0"
+            )
+        out = _jax_nn(query, key, value, mask, bias, is_causal, window, impl, precision, kv_heads_first)
+        return out, None
+
+    structure = structure_mask(Lq, Lk, is_causal, window)
+    if structure is not None:
+        mask = structure if mask is None else jnp.logical_and(mask, structure)
+    B = math.prod(batch)
+    q = query.reshape(B, Lq, G, H // G, Dk)
+    k = key.reshape(B, *key.shape[-3:])
+    v = value.reshape(B, *value.shape[-3:])
+    grouped = [_group_heads(x, batch, G) for x in (mask, bias, keep)]
+    compute = _vmap_heads if impl == "vmap" else _einsum_heads
+    out, weights = compute(q, k, v, *grouped, precision=precision, kv_heads_first=kv_heads_first)
+    out = out.astype(dtype).reshape(*batch, Lq, H, value.shape[-1])
+    return out, weights.reshape(logits_shape)
+
+
+def _check_shapes(query, key, value, kv_heads_first):
+    if not query.ndim == key.ndim == value.ndim >= 3:
+        raise ValueError(
+            "query, key and value must have the same rank >= 3 ([batch..., L, heads, dim]), got "
+            f"shapes {query.shape}, {key.shape}, {value.shape}"
+        )
+    batch = query.shape[:-3]
+    if key.shape[:-3] != batch or value.shape[:-3] != batch:
+        raise ValueError(
+            f"batch axes differ: query {query.shape}, key {key.shape}, value {value.shape}"
+        )
+    Lq, H, Dk = query.shape[-3:]
+    G, Lk = key.shape[-3:-1][::-1] if not kv_heads_first else key.shape[-3:-1]
+    if value.shape[:-1] != key.shape[:-1]:
+        raise ValueError(
+            f"key {key.shape} and value {value.shape} must agree on all but the last axis"
+        )
+    if key.shape[-1] != Dk:
+        raise ValueError(f"query and key head dims differ: {Dk} vs {key.shape[-1]}")
+    if G < 1 or H % G:
+        raise ValueError(
+            f"query heads ({H}) must be a multiple of key/value heads ({G})"
+        )
+    return batch, (Lq, H, Dk), (G, Lk)
+
+
+def _dropout_multiplier(rate, rng, deterministic, broadcast, logits_shape, dtype):
+    """Keep-mask / keep_prob, drawn as Flax draws it; None when dropout is off."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+    if deterministic or rate == 0.0:
+        return None
+    if rng is None:
+        raise ValueError("dropout_rng is required when deterministic=False and dropout_rate > 0")
+    keep_prob = 1.0 - rate
+    shape = (1,) * (len(logits_shape) - 2) + logits_shape[-2:] if broadcast else logits_shape
+    keep = jax.random.bernoulli(rng, keep_prob, shape)
+    return keep.astype(dtype) / jnp.asarray(keep_prob, dtype=dtype)
+
+
+def _flatten_batch(x, batch):
+    """Mask-like `[batch..., H|1, Lq|1, Lk|1]` (maybe fewer axes) -> `[B|1, H|1, Lq|1, Lk|1]`."""
+    if x is None:
+        return None
+    x = x.reshape((1,) * (len(batch) + 3 - x.ndim) + x.shape)
+    if all(s == 1 for s in x.shape[:-3]):
+        return x.reshape(1, *x.shape[-3:])
+    return jnp.broadcast_to(x, (*batch, *x.shape[-3:])).reshape(math.prod(batch), *x.shape[-3:])
+
+
+def _group_heads(x, batch, G):
+    """Mask-like `[batch..., H|1, Lq|1, Lk|1]` -> `[B|1, G|1, H/G|1, Lq|1, Lk|1]`."""
+    x = _flatten_batch(x, batch)
+    if x is None:
+        return None
+    Bx, Hx, Lqx, Lkx = x.shape
+    groups = (G, Hx // G) if Hx != 1 else (1, 1)
+    return x.reshape(Bx, *groups, Lqx, Lkx)
+
+
+def _attention_probs(logits, mask, bias):
+    """float32 softmax of masked, biased logits (masked entries -> finfo.min)."""
+    if bias is not None:
+        logits = logits + bias.astype(logits.dtype)
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def _logits_dtype(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _one_head(q, k, v, mask, bias, keep, *, precision):
+    """Attention for ONE head: q [Lq, Dk], k [Lk, Dk], v [Lk, Dv]; mask/bias/keep [Lq|1, Lk|1].
+
+    Returns (out [Lq, Dv], weights [Lq, Lk]).
+    """
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    logits = jnp.einsum(
+        "qd,kd->qk", q, k, precision=precision, preferred_element_type=_logits_dtype(q.dtype)
+    )
+    weights = _attention_probs(logits, mask, bias).astype(v.dtype)
+    dropped = weights if keep is None else weights * keep
+    out = jnp.einsum(
+        "qk,kd->qd", dropped, v, precision=precision, preferred_element_type=_logits_dtype(v.dtype)
+    )
+    return out, weights
+
+
+def _vmap_heads(q, k, v, mask, bias, keep, *, precision, kv_heads_first):
+    """q [B, Lq, G, R, Dk]; k/v [B, Lk, G, D] (or [B, G, Lk, D]); mask-likes [B|1, G|1, R|1, ., .]."""
+    extras = (mask, bias, keep)
+    # per mapped level (batch, group, head-in-group): map a real axis, broadcast a size-1 one
+    level_axes = [
+        tuple(None if x is None or x.shape[level] == 1 else 0 for x in extras) for level in range(3)
+    ]
+    extras = tuple(_drop_broadcast_axes(x) for x in extras)
+    kv_axis = 0 if kv_heads_first else 1
+    fn = functools.partial(_one_head, precision=precision)
+    # innermost: the query heads of one group share k/v (in_axes None: K/V are not repeated)
+    fn = jax.vmap(fn, in_axes=(1, None, None, *level_axes[2]), out_axes=(1, 0))
+    fn = jax.vmap(fn, in_axes=(1, kv_axis, kv_axis, *level_axes[1]), out_axes=(1, 0))
+    fn = jax.vmap(fn, in_axes=(0, 0, 0, *level_axes[0]), out_axes=(0, 0))
+    return fn(q, k, v, *extras)
+
+
+def _drop_broadcast_axes(x):
+    """Remove the size-1 axes among the three mapped leading axes (they are not mapped)."""
+    if x is None:
+        return None
+    return x.reshape(*(s for s in x.shape[:3] if s != 1), *x.shape[3:])
+
+
+def _einsum_heads(q, k, v, mask, bias, keep, *, precision, kv_heads_first):
+    """Same contract as `_vmap_heads`, as two batched einsums over [B, G, R, Lq, Lk]."""
+    kv = "bgkd" if kv_heads_first else "bkgd"
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    logits = jnp.einsum(
+        f"bqgrd,{kv}->bgrqk", q, k, precision=precision,
+        preferred_element_type=_logits_dtype(q.dtype),
+    )
+    weights = _attention_probs(logits, mask, bias).astype(v.dtype)
+    dropped = weights if keep is None else weights * keep
+    out = jnp.einsum(
+        f"bgrqk,{kv}->bqgrd", dropped, v, precision=precision,
+        preferred_element_type=_logits_dtype(v.dtype),
+    )
+    return out, weights
+
+
+def _jax_nn(query, key, value, mask, bias, is_causal, window, impl, precision, kv_heads_first):
+    """`jax.nn.dot_product_attention(implementation=impl)` on flattened batch axes."""
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"impl='cudnn' needs an NVIDIA GPU, but JAX's default backend is "
+            f"{jax.default_backend()!r}; use impl='xla', 'vmap' or 'einsum'"
+        )
+    if kv_heads_first:
+        key, value = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
+    if value.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"impl={impl!r} needs equal key and value head dims, got {key.shape[-1]} and "
+            f"{value.shape[-1]}; use impl='vmap' or 'einsum'"
+        )
+    batch = query.shape[:-3]
+    flat = lambda x: x.reshape(math.prod(batch), *x.shape[-3:])
+    mask, bias = (_flatten_batch(x, batch) for x in (mask, bias))
+    with _matmul_precision(precision):
+        out = jax.nn.dot_product_attention(
+            flat(query), flat(key), flat(value), bias=bias, mask=mask, is_causal=is_causal,
+            local_window_size=window, implementation=impl,
+        )
+    return out.reshape(query.shape[:-1] + (value.shape[-1],))
+
+
+def _matmul_precision(precision):
+    """jax.nn takes no precision argument; scope the default matmul precision instead."""
+    if precision is None:
+        return contextlib.nullcontext()
+    if isinstance(precision, lax.Precision):
+        return jax.default_matmul_precision(precision.name.lower())
+    if isinstance(precision, str):
+        return jax.default_matmul_precision(precision)
+    raise ValueError(
+        f"precision for impl 'xla'/'cudnn' must be None, a lax.Precision or its name, got {precision!r}"
+    )

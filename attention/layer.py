@@ -1,0 +1,293 @@
+"""`MultiHeadAttention`: a Flax Linen drop-in for `nn.MultiHeadDotProductAttention` with GQA/MQA.
+
+With `num_kv_heads == num_heads` and `fused_qkv=False` the parameter tree is Flax's
+(`query`/`key`/`value` kernels `[D, H, Dk]`, `out` kernel `[H, Dk, Dout]`), so Flax
+checkpoints load unchanged. `MultiHeadDotProductAttention` is the same class under
+Flax's class name, so that an unnamed submodule keeps Flax's automatic parameter path
+(`MultiHeadDotProductAttention_0`) when a model swaps the import.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jax import lax
+
+from attention.core import IMPLS, attend
+from attention.masks import check_mask_like, structure_mask
+
+Array = Any
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with `num_kv_heads` key/value heads (MHA, GQA or MQA).
+
+    Attributes are Flax's `MultiHeadDotProductAttention` attributes plus:
+      num_kv_heads: key/value heads G (default `num_heads`); must divide `num_heads`.
+      impl: attention computation, one of `attention.IMPLS` (ignored if `attention_fn` is set).
+      fused_qkv: project q, k and v with one `[D, H + 2G, Dk]` GEMM (`qkv` parameter);
+        self-attention only.
+      out_kernel_init: init of W^O, e.g. scaled down with depth (GPT-2 style).
+
+    `attention_fn`, when given, is called Flax-style (`attention_fn(q, k, v, mask=...,
+    ...)`) in place of `impl`; `qk_attn_weights_einsum_cls` and
+    `attn_weights_value_einsum_cls` are forwarded to it. Softmax always runs in float32
+    in the built-in paths, so `force_fp32_for_softmax` only matters for `attention_fn`.
+
+    Decoding (`decode=True`): `init` with the full-length input sizes the cache; each
+    later call appends its L_new >= 1 keys/values at `cache_index` and attends causally:
+    a query at absolute position p sees cached positions <= p (so `is_causal` is implied).
+    The cache holds only the G KV heads, laid out `[batch..., G, max_length, Dk]`.
+    Writing past `max_length` is not checked inside `jit` (positions clamp, as in Flax).
+    """
+
+    num_heads: int
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    qkv_features: int | None = None
+    out_features: int | None = None
+    broadcast_dropout: bool = True
+    dropout_rate: float = 0.0
+    deterministic: bool | None = None
+    precision: Any = None
+    kernel_init: Callable = nn.linear.default_kernel_init
+    out_kernel_init: Callable | None = None
+    bias_init: Callable = nn.initializers.zeros_init()
+    out_bias_init: Callable | None = None
+    use_bias: bool = True
+    attention_fn: Callable[..., Array] | None = None
+    decode: bool = False
+    normalize_qk: bool = False
+    force_fp32_for_softmax: bool = False
+    qkv_dot_general: Any = None
+    out_dot_general: Any = None
+    qkv_dot_general_cls: Any = None
+    out_dot_general_cls: Any = None
+    qk_attn_weights_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+    attn_weights_value_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+    num_kv_heads: int | None = None
+    impl: str = "vmap"
+    fused_qkv: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_k: Array | None = None,
+        inputs_v: Array | None = None,
+        *,
+        inputs_kv: Array | None = None,
+        mask: Array | None = None,
+        deterministic: bool | None = None,
+        dropout_rng: Array | None = None,
+        sow_weights: bool = False,
+        head_mask: Array | None = None,
+        is_causal: bool = False,
+    ) -> Array:
+        """Self-attention on `inputs_q [batch..., Lq, D]`, or cross-attention to `inputs_k`/`inputs_v`.
+
+        mask: bool, broadcastable to `[batch..., H, Lq, Lk]` (True = attend).
+        head_mask: float, broadcastable to `[batch..., H]`; scales each head's output before W^O.
+        sow_weights: sow the weights `[batch..., H, Lq, Lk]` as `intermediates/attention_weights`.
+        Returns `[batch..., Lq, out_features or D]`.
+        """
+        inputs_k, inputs_v = _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+        num_kv_heads, head_dim = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q)
+        query, key, value = self._project(inputs_q, inputs_k, inputs_v, num_kv_heads, head_dim)
+        if self.normalize_qk:
+            layer_norm = functools.partial(
+                nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype
+            )
+            query = layer_norm(name="query_ln")(query)
+            key = layer_norm(name="key_ln")(key)
+
+        kv_heads_first = False
+        if self.decode:
+            key, value, mask, cached = self._use_cache(query, key, value, mask)
+            if cached:  # the cache mask already makes the call causal, at the right offset
+                kv_heads_first, is_causal = True, False
+
+        if self.dropout_rate > 0.0:
+            deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
+            if not deterministic and dropout_rng is None:
+                dropout_rng = self.make_rng("dropout")
+        else:
+            deterministic = True
+
+        if self.attention_fn is not None:
+            x = self._call_attention_fn(
+                query, key, value, mask, is_causal, kv_heads_first, deterministic, dropout_rng, sow_weights
+            )
+        else:
+            if sow_weights and self.impl in ("xla", "cudnn"):
+                raise ValueError(
+                    f"sow_weights=True needs the attention weights, which impl={self.impl!r} "
+                    "does not expose; use impl='vmap' or 'einsum'"
+                )
+            x, weights = attend(
+                query, key, value, mask=mask, is_causal=is_causal, impl=self.impl,
+                dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
+                deterministic=deterministic, broadcast_dropout=self.broadcast_dropout,
+                dtype=self.dtype, precision=self.precision, kv_heads_first=kv_heads_first,
+            )
+            if sow_weights:
+                self.sow("intermediates", "attention_weights", weights)
+
+        if head_mask is not None:
+            x = x * _head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
+        return nn.DenseGeneral(
+            features=self.out_features or inputs_q.shape[-1],
+            axis=(-2, -1),
+            kernel_init=self.out_kernel_init or self.kernel_init,
+            bias_init=self.out_bias_init or self.bias_init,
+            use_bias=self.use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            precision=self.precision,
+            dot_general=self.out_dot_general,
+            dot_general_cls=self.out_dot_general_cls,
+            name="out",
+        )(x)
+
+    def _check_config(self, inputs_q, is_self_attention):
+        """Validate the attributes; return (num_kv_heads, head_dim)."""
+        H = self.num_heads
+        if not isinstance(H, int) or H < 1:
+            raise ValueError(f"num_heads must be a positive int, got {H!r}")
+        num_kv_heads = H if self.num_kv_heads is None else self.num_kv_heads
+        if not isinstance(num_kv_heads, int) or num_kv_heads < 1 or H % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({H}) must be divisible by num_kv_heads ({num_kv_heads!r})"
+            )
+        qkv_features = self.qkv_features or inputs_q.shape[-1]
+        if qkv_features % H:
+            raise ValueError(
+                f"qkv_features ({qkv_features}) must be divisible by num_heads ({H})"
+            )
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.fused_qkv and not is_self_attention:
+            raise ValueError(
+                "fused_qkv=True projects q, k and v from one input; it needs self-attention "
+                "(inputs_k and inputs_v None or the same array as inputs_q)"
+            )
+        einsum_cls = self.qk_attn_weights_einsum_cls or self.attn_weights_value_einsum_cls
+        if einsum_cls is not None and self.attention_fn is None:
+            raise ValueError(
+                "qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
+                "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too"
+            )
+        return num_kv_heads, qkv_features // H
+
+    def _project(self, inputs_q, inputs_k, inputs_v, num_kv_heads, head_dim):
+        """q [batch..., Lq, H, Dk], k/v [batch..., Lk, G, Dk]."""
+        dense = functools.partial(
+            nn.DenseGeneral,
+            axis=-1,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            bias_init=self.bias_init,
+            use_bias=self.use_bias,
+            precision=self.precision,
+            dot_general=self.qkv_dot_general,
+            dot_general_cls=self.qkv_dot_general_cls,
+        )
+        H, G = self.num_heads, num_kv_heads
+        if self.fused_qkv:
+            qkv = dense(features=(H + 2 * G, head_dim), name="qkv")(inputs_q)
+            return jnp.split(qkv, [H, H + G], axis=-2)
+        return (
+            dense(features=(H, head_dim), name="query")(inputs_q),
+            dense(features=(G, head_dim), name="key")(inputs_k),
+            dense(features=(G, head_dim), name="value")(inputs_v),
+        )
+
+    def _use_cache(self, query, key, value, mask):
+        """Append key/value to the cache; return (keys, values, mask, cached)."""
+        key_hf, value_hf = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
+        is_initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key_hf.shape, key_hf.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value_hf.shape, value_hf.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+        if not is_initialized:  # init: size the cache, attend over the inputs as usual
+            return key, value, mask, False
+        *batch, G, max_length, _ = cached_key.value.shape
+        new_length = query.shape[-3]
+        if tuple(key_hf.shape[:-2]) != (*batch, G) or new_length > max_length:
+            raise ValueError(
+                f"decode: the cache holds {max_length} positions for batch {tuple(batch)} and "
+                f"{G} KV heads, got queries {query.shape} and keys {key.shape}"
+            )
+        check_mask_like("mask", mask, (*batch, self.num_heads, new_length, max_length), bool_dtype=True)
+        cur = cache_index.value
+        start = (0,) * (len(batch) + 1) + (cur, 0)
+        cached_key.value = lax.dynamic_update_slice(cached_key.value, key_hf.astype(cached_key.value.dtype), start)
+        cached_value.value = lax.dynamic_update_slice(cached_value.value, value_hf.astype(cached_value.value.dtype), start)
+        cache_index.value = cur + new_length
+        query_positions = cur + jnp.arange(new_length)
+        cache_mask = jnp.arange(max_length)[None, :] <= query_positions[:, None]
+        mask = cache_mask if mask is None else jnp.logical_and(mask, cache_mask)
+        return cached_key.value, cached_value.value, mask, True
+
+    def _call_attention_fn(
+        self, query, key, value, mask, is_causal, kv_heads_first, deterministic, dropout_rng, sow_weights
+    ):
+        """Call a user `attention_fn` the way Flax does (unknown kwargs are filtered out)."""
+        if kv_heads_first:
+            key, value = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
+        structure = structure_mask(query.shape[-3], key.shape[-3], is_causal, None)
+        if structure is not None:
+            mask = structure if mask is None else jnp.logical_and(mask, structure)
+        kwargs = dict(
+            mask=mask,
+            dropout_rng=dropout_rng,
+            dropout_rate=self.dropout_rate,
+            broadcast_dropout=self.broadcast_dropout,
+            deterministic=deterministic,
+            dtype=self.dtype,
+            precision=self.precision,
+            force_fp32_for_softmax=self.force_fp32_for_softmax,
+            qk_attn_weights_einsum=self.qk_attn_weights_einsum_cls and self.qk_attn_weights_einsum_cls(),
+            attn_weights_value_einsum=self.attn_weights_value_einsum_cls and self.attn_weights_value_einsum_cls(),
+        )
+        accepted = inspect.signature(self.attention_fn).parameters
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        if sow_weights:
+            kwargs["module"] = self
+        return self.attention_fn(query, key, value, **kwargs)
+
+
+class MultiHeadDotProductAttention(MultiHeadAttention):
+    """`MultiHeadAttention` under Flax's class name: unnamed instances get Flax's parameter paths."""
+
+
+def _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
+    """Flax's rules: k defaults to q, v to k; `inputs_kv` (deprecated) sets both."""
+    if inputs_kv is not None:
+        if inputs_k is not None or inputs_v is not None:
+            raise ValueError("give either inputs_kv or inputs_k/inputs_v, not both")
+        warnings.warn("inputs_kv is deprecated; use inputs_k and inputs_v", DeprecationWarning, stacklevel=3)
+        return inputs_kv, inputs_kv
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError("inputs_k cannot be None when inputs_v is given")
+        inputs_k = inputs_q
+    return inputs_k, inputs_k if inputs_v is None else inputs_v
+
+
+def _head_multiplier(head_mask, batch, num_heads, dtype):
+    """`head_mask` broadcastable to `[batch..., H]` -> `[batch..., 1, H, 1]` multiplier."""
+    head_mask = jnp.asarray(head_mask)
+    if not jnp.issubdtype(head_mask.dtype, jnp.floating):
+        raise ValueError(f"head_mask must be a float array, got dtype {head_mask.dtype}")
+    if head_mask.ndim == 0:
+        raise ValueError(f"head_mask needs a heads axis (shape [..., {num_heads}]), got a scalar")
+    check_mask_like("head_mask", head_mask, (*batch, num_heads), bool_dtype=False)
+    return head_mask[..., None, :, None].astype(dtype)

@@ -1,0 +1,176 @@
+"""Boolean attention masks (True = attend) and their validation.
+
+The constructors keep Flax's shapes and arguments (`flax.linen.make_attention_mask`
+and friends) but return `bool` by default, because `dot_product_attention` only
+accepts boolean masks: a float mask is ambiguous (0/1 multiplier or additive
+bias?) and that ambiguity is a classic source of silent bugs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any
+
+
+def make_attention_mask(
+    query_input: Array,
+    key_input: Array,
+    pairwise_fn: Callable[[Array, Array], Array] = jnp.multiply,
+    extra_batch_dims: int = 0,
+    dtype: Any = jnp.bool_,
+) -> Array:
+    """Pairwise mask `[batch..., 1, Lq, Lk]` from `query_input [batch..., Lq]`, `key_input [batch..., Lk]`.
+
+    As Flax: `mask[..., 0, i, j] = pairwise_fn(query_input[..., i], key_input[..., j])`,
+    e.g. `make_attention_mask(tgt != pad, src != pad)` for a padding mask.
+    """
+    query_input, key_input = jnp.asarray(query_input), jnp.asarray(key_input)
+    if query_input.ndim < 1 or key_input.ndim < 1:
+        raise ValueError(
+            "make_attention_mask: query_input and key_input need a length axis, got shapes "
+            f"{query_input.shape} and {key_input.shape}"
+        )
+    _check_broadcast(
+        "make_attention_mask: batch axes of key_input",
+        key_input.shape[:-1],
+        query_input.shape[:-1],
+    )
+    if extra_batch_dims < 0:
+        raise ValueError(f"extra_batch_dims must be >= 0, got {extra_batch_dims}")
+    mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
+    mask = jnp.expand_dims(mask, axis=-3)
+    mask = jnp.expand_dims(mask, axis=tuple(range(extra_batch_dims)))
+    return mask.astype(dtype)
+
+
+def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.bool_) -> Array:
+    """Causal self-attention mask `[batch..., 1, L, L]` for `x [batch..., L]` (query i sees keys j <= i)."""
+    x = jnp.asarray(x)
+    if x.ndim < 1:
+        raise ValueError(f"make_causal_mask: x needs a length axis, got shape {x.shape}")
+    positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
+    return make_attention_mask(
+        positions, positions, jnp.greater_equal, extra_batch_dims=extra_batch_dims, dtype=dtype
+    )
+
+
+def make_padding_mask(
+    tokens: Array | None = None,
+    *,
+    pad_id: int = 0,
+    lengths: Array | None = None,
+    max_length: int | None = None,
+) -> Array:
+    """Key-padding mask `[batch..., 1, 1, L]`: True where the key is a real token.
+
+    Give either `tokens [batch..., L]` (pad positions are `tokens == pad_id`) or
+    `lengths [batch...]` with `max_length` (positions `>= lengths` are padding).
+    Only keys are masked, so padded *query* rows still attend to the real keys
+    and stay finite; combine with `make_attention_mask` for Flax's pairwise form.
+    """
+    if (tokens is None) == (lengths is None):
+        raise ValueError("make_padding_mask: give exactly one of tokens= or lengths=")
+    if tokens is not None:
+        tokens = jnp.asarray(tokens)
+        if tokens.ndim < 1:
+            raise ValueError(f"make_padding_mask: tokens need a length axis, got shape {tokens.shape}")
+        if max_length is not None:
+            raise ValueError("make_padding_mask: max_length only goes with lengths=")
+        is_token = tokens != pad_id
+    else:
+        lengths = jnp.asarray(lengths)
+        if not jnp.issubdtype(lengths.dtype, jnp.integer):
+            raise ValueError(f"make_padding_mask: lengths must be integers, got dtype {lengths.dtype}")
+        if max_length is None or max_length < 1:
+            raise ValueError(f"make_padding_mask: lengths= needs max_length >= 1, got {max_length}")
+        is_token = jnp.arange(max_length) < lengths[..., None]
+    return is_token[..., None, None, :]
+
+
+def combine_masks(*masks: Array | None, dtype: Any = jnp.bool_) -> Array | None:
+    """Logical AND of the given masks (None entries are skipped); None if none remain."""
+    present = [jnp.asarray(m) for m in masks if m is not None]
+    if not present:
+        return None
+    ranks = [m.ndim for m in present]
+    if len(set(ranks)) != 1:
+        raise ValueError(f"combine_masks: masks must have the same rank, got ranks {ranks}")
+    try:
+        np.broadcast_shapes(*(m.shape for m in present))
+    except ValueError:
+        raise ValueError(
+            f"combine_masks: mask shapes {[m.shape for m in present]} do not broadcast"
+        ) from None
+    mask = present[0].astype(bool)
+    for other in present[1:]:
+        mask = jnp.logical_and(mask, other)
+    return mask.astype(dtype)
+
+
+def structure_mask(
+    query_length: int,
+    key_length: int,
+    is_causal: bool,
+    local_window_size: tuple[int, int] | None,
+) -> Array | None:
+    """`[Lq, Lk]` mask for causal / sliding-window structure, aligned top-left as in `jax.nn`.
+
+    Query i attends key j when j <= i (causal) and i - left <= j <= i + right (window).
+    """
+    if not is_causal and local_window_size is None:
+        return None
+    query_pos = jnp.arange(query_length)[:, None]
+    key_pos = jnp.arange(key_length)[None, :]
+    mask = jnp.ones((query_length, key_length), dtype=bool)
+    if is_causal:
+        mask &= key_pos <= query_pos
+    if local_window_size is not None:
+        left, right = local_window_size
+        mask &= (key_pos >= query_pos - left) & (key_pos <= query_pos + right)
+    return mask
+
+
+def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int, int] | None:
+    """`int` or `(left, right)` -> `(left, right)`, both non-negative ints."""
+    if local_window_size is None:
+        return None
+    window = (
+        (local_window_size, local_window_size)
+        if isinstance(local_window_size, (int, np.integer))
+        else tuple(local_window_size)
+    )
+    if len(window) != 2 or not all(isinstance(w, (int, np.integer)) and w >= 0 for w in window):
+        raise ValueError(
+            "local_window_size must be a non-negative int or a (left, right) pair of them, "
+            f"got {local_window_size!r}"
+        )
+    return int(window[0]), int(window[1])
+
+
+def check_mask_like(name: str, array: Array | None, target_shape: Sequence[int], *, bool_dtype: bool) -> None:
+    """Raise a ValueError unless `array` broadcasts to `target_shape` with the right dtype."""
+    if array is None:
+        return
+    if bool_dtype and array.dtype != jnp.bool_:
+        raise ValueError(
+            f"{name} must have dtype bool (True = attend), got {array.dtype}; "
+            "convert with `.astype(bool)` or build it with attention.make_attention_mask"
+        )
+    if not bool_dtype and not jnp.issubdtype(array.dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point array, got dtype {array.dtype}")
+    _check_broadcast(name, array.shape, target_shape)
+
+
+def _check_broadcast(name: str, shape: Sequence[int], target_shape: Sequence[int]) -> None:
+    fits = len(shape) <= len(target_shape) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target_shape))
+    )
+    if not fits:
+        raise ValueError(
+            f"{name} has shape {tuple(shape)}, which does not broadcast to {tuple(target_shape)}"
+        )
