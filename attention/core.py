@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.masks import check_mask_like, normalize_window, structure_mask
+from attention.masks import and_masks, check_mask_like, normalize_window, structure_mask
 
 Array = Any
 IMPLS = ("vmap", "einsum", "xla", "cudnn")
@@ -130,9 +130,7 @@ def attend(
         out = _jax_nn(query, key, value, mask, bias, is_causal, window, impl, precision, kv_heads_first)
         return out, None
 
-    structure = structure_mask(Lq, Lk, is_causal, window)
-    if structure is not None:
-        mask = structure if mask is None else jnp.logical_and(mask, structure)
+    mask = and_masks(mask, structure_mask(Lq, Lk, is_causal, window))
     B = math.prod(batch)
     q = query.reshape(B, Lq, G, H // G, Dk)
     k = key.reshape(B, *key.shape[-3:])

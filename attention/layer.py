@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention.core import IMPLS, attend
-from attention.masks import check_mask_like, structure_mask
+from attention.masks import and_masks, check_mask_like, structure_mask
 
 Array = Any
 
@@ -233,7 +233,7 @@ class MultiHeadAttention(nn.Module):
         cache_index.value = cur + new_length
         query_positions = cur + jnp.arange(new_length)
         cache_mask = jnp.arange(max_length)[None, :] <= query_positions[:, None]
-        mask = cache_mask if mask is None else jnp.logical_and(mask, cache_mask)
+        mask = and_masks(mask, cache_mask)
         return cached_key.value, cached_value.value, mask, True
 
     def _call_attention_fn(
@@ -242,9 +242,7 @@ class MultiHeadAttention(nn.Module):
         """Call a user `attention_fn` the way Flax does (unknown kwargs are filtered out)."""
         if kv_heads_first:
             key, value = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
-        structure = structure_mask(query.shape[-3], key.shape[-3], is_causal, None)
-        if structure is not None:
-            mask = structure if mask is None else jnp.logical_and(mask, structure)
+        mask = and_masks(mask, structure_mask(query.shape[-3], key.shape[-3], is_causal, None))
         kwargs = dict(
             mask=mask,
             dropout_rng=dropout_rng,
@@ -290,4 +288,5 @@ def _head_multiplier(head_mask, batch, num_heads, dtype):
     if head_mask.ndim == 0:
         raise ValueError(f"head_mask needs a heads axis (shape [..., {num_heads}]), got a scalar")
     check_mask_like("head_mask", head_mask, (*batch, num_heads), bool_dtype=False)
+    head_mask = head_mask.reshape((1,) * (len(batch) + 1 - head_mask.ndim) + head_mask.shape)
     return head_mask[..., None, :, None].astype(dtype)

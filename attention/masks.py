@@ -88,7 +88,8 @@ def make_padding_mask(
             raise ValueError(f"make_padding_mask: lengths must be integers, got dtype {lengths.dtype}")
         if max_length is None or max_length < 1:
             raise ValueError(f"make_padding_mask: lengths= needs max_length >= 1, got {max_length}")
-        is_token = jnp.arange(max_length) < lengths[..., None]
+        positions = jnp.arange(max_length).reshape((1,) * lengths.ndim + (max_length,))
+        is_token = positions < lengths[..., None]
     return is_token[..., None, None, :]
 
 
@@ -100,6 +101,10 @@ def combine_masks(*masks: Array | None, dtype: Any = jnp.bool_) -> Array | None:
     ranks = [m.ndim for m in present]
     if len(set(ranks)) != 1:
         raise ValueError(f"combine_masks: masks must have the same rank, got ranks {ranks}")
+    return _and_all(present, dtype)
+
+
+def _and_all(present, dtype):
     try:
         np.broadcast_shapes(*(m.shape for m in present))
     except ValueError:
@@ -110,6 +115,15 @@ def combine_masks(*masks: Array | None, dtype: Any = jnp.bool_) -> Array | None:
     for other in present[1:]:
         mask = jnp.logical_and(mask, other)
     return mask.astype(dtype)
+
+
+def and_masks(*masks: Array | None) -> Array | None:
+    """Logical AND of masks of any ranks, aligned on their trailing axes (None skipped)."""
+    present = [jnp.asarray(m) for m in masks if m is not None]
+    if not present:
+        return None
+    rank = max(m.ndim for m in present)
+    return _and_all([m.reshape((1,) * (rank - m.ndim) + m.shape) for m in present], jnp.bool_)
 
 
 def structure_mask(

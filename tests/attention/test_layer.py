@@ -1,0 +1,252 @@
+"""`attention.MultiHeadAttention` against Flax's own module, NumPy and the design documents' worked example."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention
+import reference
+
+KEY = jax.random.key(0)
+
+
+def inputs(shape=(2, 6, 16), seed=0):
+    return jax.random.normal(jax.random.key(seed), shape)
+
+
+def test_worked_example_from_the_design_documents():
+    """d_model 4, h 2, identity W^Q = W^K = W^V = W^O: scores by hand."""
+    x = jnp.array([[[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]], jnp.float32)
+    layer = attention.MultiHeadAttention(num_heads=2, use_bias=False)
+    identity_in = jnp.eye(4).reshape(4, 2, 2)
+    params = {
+        "query": {"kernel": identity_in},
+        "key": {"kernel": identity_in},
+        "value": {"kernel": identity_in},
+        "out": {"kernel": jnp.eye(4).reshape(2, 2, 4)},
+    }
+    out, state = layer.apply({"params": params}, x, sow_weights=True, mutable=["intermediates"])
+    weights = np.asarray(state["intermediates"]["attention_weights"][0])[0]  # [H, 3, 3]
+
+    head1_scores = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 2]]) / np.sqrt(2)
+    head1_weights = np.exp(head1_scores) / np.exp(head1_scores).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(weights[0], head1_weights, atol=1e-6)
+    np.testing.assert_allclose(weights[0, 0], [0.40111209, 0.19777581, 0.40111209], atol=1e-6)
+    np.testing.assert_allclose(weights[1, 2], [1 / 3, 1 / 3, 1 / 3], atol=1e-6)  # zero query vector
+    # with identity projections the output is each head's weights times its slice of X
+    expected = np.concatenate([weights[0] @ x[0, :, :2], weights[1] @ x[0, :, 2:]], axis=-1)
+    np.testing.assert_allclose(out[0], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads, expected", [(8, 4 * 512**2), (2, 2 * 512**2 + 2 * 512 * 2 * 64), (1, 2 * 512**2 + 2 * 512 * 64)])
+def test_parameter_counts(kv_heads, expected):
+    layer = attention.MultiHeadAttention(num_heads=8, num_kv_heads=kv_heads, use_bias=False)
+    shapes = jax.eval_shape(layer.init, KEY, jnp.zeros((1, 3, 512)))
+    assert sum(np.prod(p.shape) for p in jax.tree.leaves(shapes)) == expected
+
+
+def flax_and_ours(**kwargs):
+    return nn.MultiHeadDotProductAttention(**kwargs), attention.MultiHeadAttention(**kwargs)
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum", "xla"])
+def test_same_init_and_outputs_as_flax_self_attention_with_masks(impl):
+    theirs, ours = flax_and_ours(num_heads=4)
+    ours = ours.clone(impl=impl)
+    x = inputs()
+    params = theirs.init(KEY, x)
+    assert jax.tree.all(jax.tree.map(jnp.array_equal, params, ours.init(KEY, x)))
+    tokens = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 1, 2, 3]])
+    masks = {
+        "none": None,
+        "causal": nn.make_causal_mask(tokens),
+        "padding": nn.make_attention_mask(tokens > 0, tokens > 0),  # pad query rows fully masked
+    }
+    for name, mask in masks.items():
+        ours_mask = None if mask is None else mask.astype(bool)
+        np.testing.assert_allclose(
+            ours.apply(params, x, mask=ours_mask), theirs.apply(params, x, mask=mask),
+            atol=1e-5, err_msg=name,
+        )
+
+
+def test_same_outputs_as_flax_cross_attention_with_other_sizes():
+    kwargs = dict(num_heads=2, qkv_features=12, out_features=5, normalize_qk=True)
+    theirs, ours = flax_and_ours(**kwargs)
+    x_q, x_kv = inputs((2, 3, 16)), inputs((2, 7, 10), seed=1)
+    params = theirs.init(KEY, x_q, x_kv)
+    mask = attention.make_attention_mask(np.ones((2, 3)), np.array([[1] * 7, [1] * 4 + [0] * 3]))
+    np.testing.assert_allclose(
+        ours.apply(params, x_q, x_kv, mask=mask), theirs.apply(params, x_q, x_kv, mask=mask), atol=1e-5
+    )
+
+
+def test_dropout_and_sown_weights_match_flax():
+    theirs, ours = flax_and_ours(num_heads=4, dropout_rate=0.2)
+    x = inputs()
+    params = theirs.init(KEY, x, deterministic=True)
+    rngs = {"dropout": jax.random.key(5)}
+    run = lambda m: m.apply(params, x, deterministic=False, rngs=rngs, sow_weights=True, mutable=["intermediates"])
+    (out_a, state_a), (out_b, state_b) = run(ours), run(theirs)
+    np.testing.assert_allclose(out_a, out_b, atol=1e-5)
+    w_a, w_b = state_a["intermediates"]["attention_weights"][0], state_b["intermediates"]["attention_weights"][0]
+    assert w_a.shape == (2, 4, 6, 6)
+    np.testing.assert_allclose(w_a, w_b, atol=1e-6)
+
+
+def test_user_attention_fn_is_called_flax_style():
+    theirs, ours = flax_and_ours(num_heads=4, attention_fn=nn.dot_product_attention)
+    x = inputs()
+    params = theirs.init(KEY, x)
+    np.testing.assert_allclose(ours.apply(params, x, is_causal=True), theirs.apply(params, x, mask=nn.make_causal_mask(x[..., 0])), atol=1e-5)
+
+
+def test_decode_matches_flax_decode_step_by_step():
+    theirs, ours = flax_and_ours(num_heads=4, decode=True)
+    x = inputs()
+    variables = theirs.init(KEY, x)
+    cache_a, cache_b = ours.init(KEY, x)["cache"], variables["cache"]
+    for t in range(x.shape[1]):
+        out_a, upd_a = ours.apply({"params": variables["params"], "cache": cache_a}, x[:, t : t + 1], mutable=["cache"])
+        out_b, upd_b = theirs.apply({"params": variables["params"], "cache": cache_b}, x[:, t : t + 1], mutable=["cache"])
+        cache_a, cache_b = upd_a["cache"], upd_b["cache"]
+        np.testing.assert_allclose(out_a, out_b, atol=1e-5, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("chunks", [(1,) * 6, (4, 1, 1), (6,)], ids=["steps", "prefill+steps", "one-call"])
+def test_decode_equals_the_full_causal_pass(kv_heads, chunks):
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=kv_heads, decode=True)
+    x = inputs()
+    variables = layer.init(KEY, x)
+    cached_key = variables["cache"]["cached_key"]
+    assert cached_key.size + variables["cache"]["cached_value"].size == 2 * 2 * 6 * kv_heads * 4
+    full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
+    cache, outs, start = variables["cache"], [], 0
+    step = jax.jit(lambda cache, x_new: layer.apply({"params": variables["params"], "cache": cache}, x_new, is_causal=True, mutable=["cache"]))
+    for size in chunks:
+        out, updated = step(cache, x[:, start : start + size])
+        cache, start = updated["cache"], start + size
+        outs.append(out)
+    assert int(cache["cache_index"]) == 6
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum", "xla"])
+def test_gqa_layer_matches_numpy(impl):
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, impl=impl)
+    x_q, x_kv = inputs((2, 3, 16)), inputs((2, 5, 16), seed=1)
+    params = jax.tree.map(np.asarray, layer.init(KEY, x_q, x_kv)["params"])
+    x_q, x_kv = np.asarray(x_q), np.asarray(x_kv)
+    project = lambda x, p: np.einsum("bld,dhk->blhk", x, p["kernel"]) + p["bias"]
+    q, k, v = project(x_q, params["query"]), project(x_kv, params["key"]), project(x_kv, params["value"])
+    assert k.shape == (2, 5, 2, 4)
+    heads, _ = reference.attention(q, k, v)
+    expected = np.einsum("blhk,hkd->bld", heads, params["out"]["kernel"]) + params["out"]["bias"]
+    np.testing.assert_allclose(layer.apply({"params": params}, x_q, x_kv), expected, atol=1e-5)
+
+
+def test_head_mask_equals_zeroing_that_heads_rows_of_w_o():
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2)
+    x = inputs()
+    params = layer.init(KEY, x)["params"]
+    pruned = jax.tree.map(lambda p: p, params)
+    pruned["out"] = {**params["out"], "kernel": params["out"]["kernel"].at[2].set(0.0)}
+    head_mask = jnp.array([1.0, 1.0, 0.0, 1.0])
+    np.testing.assert_allclose(
+        layer.apply({"params": params}, x, head_mask=head_mask), layer.apply({"params": pruned}, x), atol=1e-6
+    )
+    per_example = jnp.array([[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    out = layer.apply({"params": params}, x, head_mask=per_example)
+    np.testing.assert_allclose(out[1], layer.apply({"params": params}, x)[1], atol=1e-6)
+    np.testing.assert_allclose(out[0], layer.apply({"params": pruned}, x)[0], atol=1e-6)
+
+
+def test_fused_qkv_equals_separate_projections():
+    fused = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, fused_qkv=True)
+    separate = fused.clone(fused_qkv=False)
+    x = inputs()
+    params = separate.init(KEY, x)["params"]
+    qkv = {
+        name: jnp.concatenate([params[n][name] for n in ("query", "key", "value")], axis=-2)
+        for name in ("kernel", "bias")
+    }
+    fused_params = {"qkv": qkv, "out": params["out"]}
+    assert jax.tree.map(jnp.shape, fused.init(KEY, x)["params"]) == jax.tree.map(jnp.shape, fused_params)
+    np.testing.assert_allclose(
+        fused.apply({"params": fused_params}, x, is_causal=True),
+        separate.apply({"params": params}, x, is_causal=True),
+        atol=1e-6,
+    )
+
+
+def test_flax_class_name_keeps_flax_parameter_paths():
+    def model(cls):
+        class Model(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return cls(num_heads=2)(x)
+
+        return Model()
+
+    x = inputs((1, 3, 8))
+    flax_params = model(nn.MultiHeadDotProductAttention).init(KEY, x)
+    ours = model(attention.MultiHeadDotProductAttention)
+    assert list(flax_params["params"]) == ["MultiHeadDotProductAttention_0"]
+    assert jax.tree.structure(ours.init(KEY, x)) == jax.tree.structure(flax_params)
+    np.testing.assert_allclose(ours.apply(flax_params, x), model(nn.MultiHeadDotProductAttention).apply(flax_params, x), atol=1e-6)
+
+
+def test_jit_and_grad_through_the_layer():
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2)
+    x = inputs()
+    params = layer.init(KEY, x)["params"]
+    loss = jax.jit(jax.value_and_grad(lambda p: jnp.mean(layer.apply({"params": p}, x, is_causal=True) ** 2)))
+    value, grads = loss(params)
+    eps = 1e-3
+    bumped = jax.tree.map(lambda p: p, params)
+    bumped["key"] = {**params["key"], "bias": params["key"]["bias"].at[0, 0].add(eps)}
+    numeric = (loss(bumped)[0] - value) / eps
+    np.testing.assert_allclose(grads["key"]["bias"][0, 0], numeric, rtol=2e-2, atol=1e-4)
+
+
+def test_bfloat16_layer_runs_with_float32_params():
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=1, dtype=jnp.bfloat16)
+    x = inputs()
+    params = layer.init(KEY, x)["params"]
+    assert jax.tree.leaves(params)[0].dtype == jnp.float32
+    out = layer.apply({"params": params}, x)
+    reference_out = layer.clone(dtype=jnp.float32).apply({"params": params}, x)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), reference_out, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, call, message",
+    [
+        (dict(num_heads=3), {}, r"qkv_features \(16\) must be divisible by num_heads \(3\)"),
+        (dict(num_heads=4, num_kv_heads=3), {}, r"num_heads \(4\) must be divisible by num_kv_heads \(3\)"),
+        (dict(num_heads=4, impl="flash"), {}, "impl must be one of"),
+        (dict(num_heads=4, fused_qkv=True), dict(inputs_k=inputs((2, 5, 16))), "fused_qkv=True"),
+        (dict(num_heads=4, impl="xla"), dict(sow_weights=True), "sow_weights=True"),
+        (dict(num_heads=4), dict(mask=np.ones((2, 1, 6, 6), np.float32)), "mask must have dtype bool"),
+        (dict(num_heads=4), dict(mask=np.ones((2, 3, 6, 6), bool)), "does not broadcast"),
+        (dict(num_heads=4), dict(head_mask=np.ones(4, np.int32)), "head_mask must be a float"),
+        (dict(num_heads=4), dict(head_mask=np.ones(3, np.float32)), "head_mask has shape"),
+        (dict(num_heads=4, qk_attn_weights_einsum_cls=lambda: jnp.einsum), {}, "set attention_fn"),
+    ],
+)
+def test_bad_configurations_raise(kwargs, call, message):
+    layer = attention.MultiHeadAttention(**kwargs)
+    x = inputs()
+    with pytest.raises(ValueError, match=message):
+        layer.init(KEY, x, **call)
+
+
+def test_decode_rejects_more_tokens_than_the_cache_holds():
+    layer = attention.MultiHeadAttention(num_heads=4, decode=True)
+    variables = layer.init(KEY, inputs((2, 3, 16)))
+    with pytest.raises(ValueError, match="the cache holds 3 positions"):
+        layer.apply(variables, inputs((2, 4, 16)), mutable=["cache"])
