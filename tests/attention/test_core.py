@@ -33,6 +33,18 @@ def test_matches_numpy_with_repeated_kv(impl, kv_heads):
 
 
 @pytest.mark.parametrize("impl", ["vmap", "einsum"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_returned_weights_match_numpy(impl, kv_heads):
+    q, k, v = random_qkv(kv_heads=kv_heads)
+    mask = np.random.default_rng(5).random((2, 4, 1, 7)) > 0.4
+    out, weights = attention.attend(q, k, v, mask=mask, impl=impl)
+    expected_out, expected_weights = reference.attention(q, k, v, mask=mask)
+    assert weights.shape == (2, 4, 5, 7)
+    np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
+    np.testing.assert_allclose(out, expected_out, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum"])
 def test_value_dim_may_differ_and_several_batch_axes(impl):
     q, k, v = random_qkv(batch=(2, 3), dv=3)
     mask = np.random.default_rng(2).random((3, 1, 5, 7)) > 0.5  # broadcasts over the first batch axis
