@@ -1,0 +1,28 @@
+"""headcount's encoder-decoder Transformer on `attention.MultiHeadAttention`, and its decoders."""
+
+from models.decoding import beam_search, greedy_decode, init_cache, length_penalty
+from models.transformer import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    MlpBlock,
+    Transformer,
+    TransformerConfig,
+    sinusoidal_positions,
+)
+
+__all__ = [
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "MlpBlock",
+    "Transformer",
+    "TransformerConfig",
+    "beam_search",
+    "greedy_decode",
+    "init_cache",
+    "length_penalty",
+    "sinusoidal_positions",
+]

@@ -1,0 +1,200 @@
+"""Greedy and beam-search decoding on the decoder's KV cache; both run under `jit` (static shapes).
+
+`model` is a `Transformer` (or anything with its `config`, `encode` and `decode` methods);
+`params` its parameters. Outputs are target tokens without the leading BOS, `[B, max_len]`,
+with pad_id after the first EOS. One decoder call per generated token: the fed token is
+embedded at the cache's position counter, so the cache holds `max_len` positions.
+
+Length penalty (GNMT, as in Vaswani et al.): lp(n) = ((5 + n) / 6) ** alpha, where n counts
+the generated tokens including the EOS; a hypothesis scores log P(tokens) / lp(n).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = Any
+
+
+def init_cache(model, params, encoded, src_tokens, max_len: int):
+    """An empty decode cache for `max_len` target positions and batch `src_tokens.shape[0]`.
+
+    The decoder sizes its cache on the first `decode=True` call that finds none; that call's
+    logits are discarded (under jit the pass is dead code and compiled away).
+    """
+    tgt = jnp.full((src_tokens.shape[0], max_len), model.config.bos_id, jnp.int32)
+    _, variables = model.apply(
+        {"params": params}, encoded, src_tokens, tgt, method="decode", decode=True, mutable=["cache"]
+    )
+    return variables["cache"]
+
+
+def _decode_step(model, params, cache, encoded, src_tokens, tokens):
+    """Feed tokens [N] at the cache position; return (log-probs [N, vocab] float32, new cache)."""
+    logits, variables = model.apply(
+        {"params": params, "cache": cache}, encoded, src_tokens, tokens[:, None],
+        method="decode", decode=True, mutable=["cache"],
+    )
+    return jax.nn.log_softmax(logits[:, -1]), variables["cache"]
+
+
+def _check_args(model, src_tokens, max_len):
+    if src_tokens.ndim != 2 or not jnp.issubdtype(src_tokens.dtype, jnp.integer):
+        raise ValueError(f"src_tokens must be int tokens [batch, length], got {src_tokens.dtype} {src_tokens.shape}")
+    if not isinstance(max_len, int) or not 1 <= max_len <= model.config.max_len:
+        raise ValueError(f"max_len must be an int in [1, config.max_len={model.config.max_len}], got {max_len!r}")
+
+
+def greedy_decode(model, params, src_tokens: Array, max_len: int) -> Array:
+    """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
+
+    Stops early once every sequence has produced EOS.
+    """
+    _check_args(model, src_tokens, max_len)
+    cfg = model.config
+    batch = src_tokens.shape[0]
+    encoded = model.apply({"params": params}, src_tokens, method="encode")
+    cache = init_cache(model, params, encoded, src_tokens, max_len)
+
+    def cond(state):
+        step, _, _, _, finished = state
+        return (step < max_len) & ~jnp.all(finished)
+
+    def body(state):
+        step, cache, last, tokens, finished = state
+        log_probs, cache = _decode_step(model, params, cache, encoded, src_tokens, last)
+        token = jnp.where(finished, cfg.pad_id, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
+        tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, step))
+        return step + 1, cache, token, tokens, finished | (token == cfg.eos_id)
+
+    state = (
+        jnp.array(0, jnp.int32),
+        cache,
+        jnp.full((batch,), cfg.bos_id, jnp.int32),
+        jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
+        jnp.zeros((batch,), bool),
+    )
+    return lax.while_loop(cond, body, state)[3]
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+    """GNMT's ((5 + length) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+class _Beams(NamedTuple):
+    """Loop state; B sources, K beams, T = max_len. Alive beams never contain EOS."""
+
+    step: Array  # [] int32: tokens generated so far
+    cache: Any  # decoder cache, batch B*K (beam-major within each source)
+    last: Array  # [B, K] int32: token each alive beam feeds next
+    alive_seqs: Array  # [B, K, T] int32
+    alive_logp: Array  # [B, K] float32, sorted descending; -inf = no hypothesis
+    finished_seqs: Array  # [B, K, T] int32 (EOS included, pad after)
+    finished_scores: Array  # [B, K] float32 length-penalised, sorted descending; -inf = empty slot
+
+
+def beam_search(
+    model, params, src_tokens: Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
+    return_all_beams: bool = False,
+) -> tuple[Array, Array]:
+    """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
+
+    Returns (tokens [B, max_len] int32, scores [B] float32) of the best hypothesis, or all
+    `beam_size` of them best first ([B, K, max_len], [B, K]) with `return_all_beams`.
+    Hypotheses still without EOS at `max_len` compete with score log P / lp(max_len).
+    Stops early once no alive beam can beat the worst finished one (valid for alpha >= 0).
+    """
+    _check_args(model, src_tokens, max_len)
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0 (the early-stopping bound needs it), got {alpha!r}")
+    cfg = model.config
+    batch, K = src_tokens.shape[0], beam_size
+    encoded = model.apply({"params": params}, src_tokens, method="encode")
+    # every beam is a row of its own: [B*K, ...], the K beams of a source adjacent
+    encoded, src_tokens = jnp.repeat(encoded, K, axis=0), jnp.repeat(src_tokens, K, axis=0)
+    neg_inf = jnp.float32(-jnp.inf)
+
+    def cond(s: _Beams):
+        # alive log-probs only fall and lp only grows, so logp / lp(max_len) bounds any final score
+        best_alive = s.alive_logp[:, 0] / length_penalty(max_len, alpha)
+        return (s.step < max_len) & ~jnp.all(s.finished_scores[:, -1] > best_alive)
+
+    def body(s: _Beams):
+        log_probs, cache = _decode_step(model, params, s.cache, encoded, src_tokens, s.last.reshape(-1))
+        vocab = log_probs.shape[-1]
+        # 2K candidates: even if K of them end in EOS, K remain to stay alive
+        cand_logp = (s.alive_logp[:, :, None] + log_probs.reshape(batch, K, vocab)).reshape(batch, K * vocab)
+        cand_logp, cand = lax.top_k(cand_logp, 2 * K)  # [B, 2K]
+        cand_beam, cand_token = cand // vocab, (cand % vocab).astype(jnp.int32)
+        cand_seqs = _take_beams(s.alive_seqs, cand_beam)
+        cand_seqs = lax.dynamic_update_slice(cand_seqs, cand_token[:, :, None], (0, 0, s.step))
+        is_eos = cand_token == cfg.eos_id
+
+        eos_scores = jnp.where(is_eos, cand_logp / length_penalty(s.step + 1, alpha), neg_inf)
+        finished_seqs, finished_scores = _top_beams(
+            jnp.concatenate([s.finished_seqs, cand_seqs], axis=1),
+            jnp.concatenate([s.finished_scores, eos_scores], axis=1), K,
+        )
+        alive_logp, pick = lax.top_k(jnp.where(is_eos, neg_inf, cand_logp), K)
+        return _Beams(
+            step=s.step + 1,
+            cache=_gather_cache(cache, _take_beams(cand_beam, pick)),
+            last=_take_beams(cand_token, pick),
+            alive_seqs=_take_beams(cand_seqs, pick),
+            alive_logp=alive_logp,
+            finished_seqs=finished_seqs,
+            finished_scores=finished_scores,
+        )
+
+    # all K beams start identical: only beam 0 is live, or step 0 would pick K copies
+    start_logp = jnp.where(jnp.arange(K) == 0, 0.0, neg_inf)
+    empty = jnp.full((batch, K, max_len), cfg.pad_id, jnp.int32)
+    s = lax.while_loop(cond, body, _Beams(
+        step=jnp.array(0, jnp.int32),
+        cache=init_cache(model, params, encoded, src_tokens, max_len),
+        last=jnp.full((batch, K), cfg.bos_id, jnp.int32),
+        alive_seqs=empty,
+        alive_logp=jnp.broadcast_to(start_logp, (batch, K)),
+        finished_seqs=empty,
+        finished_scores=jnp.full((batch, K), neg_inf),
+    ))
+    # after an early stop the alive beams rank below every finished one, so this only
+    # lets unfinished hypotheses in where fewer than K finished by max_len
+    seqs, scores = _top_beams(
+        jnp.concatenate([s.finished_seqs, s.alive_seqs], axis=1),
+        jnp.concatenate([s.finished_scores, s.alive_logp / length_penalty(s.step, alpha)], axis=1), K,
+    )
+    return (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
+
+
+def _take_beams(x, beams):
+    """x [B, N, ...], beams [B, M] int -> x[b, beams[b, m], ...]: [B, M, ...]."""
+    return jax.vmap(lambda row, idx: row[idx])(x, beams)
+
+
+def _top_beams(seqs, scores, k):
+    """The k best of seqs [B, N, T] by scores [B, N], best first."""
+    top_scores, idx = lax.top_k(scores, k)
+    return _take_beams(seqs, idx), top_scores
+
+
+def _gather_cache(cache, beams):
+    """Reorder every cache array [B*K, ...] so beam k of source b continues beam beams[b, k].
+
+    Scalars (the cache index and position counter) are shared by all beams and kept.
+    """
+    batch, K = beams.shape
+
+    def gather(x):
+        if x.ndim == 0:
+            return x
+        return _take_beams(x.reshape(batch, K, *x.shape[1:]), beams).reshape(x.shape)
+
+    return jax.tree.map(gather, cache)

@@ -1,0 +1,290 @@
+"""An encoder-decoder Transformer (Vaswani et al. 2017) built only from `attention.MultiHeadAttention`.
+
+Source and target share one vocabulary and one embedding table; with `tie_embeddings` the
+output projection is that table transposed. Token ids: `pad_id` 0, `eos_id` 1, `bos_id` 2.
+
+Decoding with the cache (`Transformer.decode(..., decode=True)`): the decoder's self-attention
+layers keep their keys/values in the `cache` collection, and the decoder keeps a `position`
+counter there too, so the token(s) fed in a call are embedded at their absolute positions
+(`position`, `position + 1`, ...). A call that finds no cache (an `init`, or an `apply` with
+`mutable=['cache']` on params only) creates it, sized by the target length it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+import attention
+
+ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of `Transformer`; checked on construction (ValueError naming the field)."""
+
+    vocab_size: int  # shared source/target vocabulary, including pad/eos/bos
+    d_model: int = 512  # width of the residual stream and the embeddings
+    num_heads: int = 8  # query heads H per attention layer
+    num_kv_heads: int | None = None  # key/value heads G (None -> num_heads: MHA; 1: MQA)
+    head_dim: int | None = None  # per-head width Dk (None -> d_model // num_heads)
+    num_layers: int = 6  # layers in the encoder, and again in the decoder
+    mlp_dim: int = 2048  # hidden width of the position-wise feed-forward block
+    dropout_rate: float = 0.1  # on embeddings and on every sublayer's output
+    attention_dropout_rate: float = 0.0  # on the attention weights
+    pre_ln: bool = True  # True: x + f(LN(x)) and a final LN; False: LN(x + f(x)) (post-LN, Vaswani)
+    activation: str = "relu"  # feed-forward activation: 'relu' or 'gelu' (exact, erf-based)
+    tie_embeddings: bool = True  # logits = decoder output @ embedding^T (else a separate Dense)
+    scale_out_init: bool = False  # W^O and MLP output kernels' init x 1/sqrt(2 num_layers) (GPT-2)
+    max_len: int = 256  # rows of the sinusoidal position table: the longest sequence
+    pad_id: int = 0  # padding; masked as a key and ignored by the loss
+    eos_id: int = 1  # end of sequence; decoding stops at it
+    bos_id: int = 2  # first decoder input token
+    dtype: Any = jnp.float32  # compute dtype (logits are always returned in float32)
+    param_dtype: Any = jnp.float32  # parameter dtype
+    attention_impl: str = "vmap"  # one of attention.IMPLS
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def qkv_features(self) -> int:
+        """H * Dk: width of the stacked query projections."""
+        return self.num_heads * (self.head_dim or self.d_model // self.num_heads)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field whose value is out of range."""
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "mlp_dim", "max_len"):
+            _require(name, getattr(self, name), _is_positive_int(getattr(self, name)), "a positive int")
+        for name in ("num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            _require(name, value, value is None or _is_positive_int(value), "None or a positive int")
+        if self.head_dim is None:
+            _require("d_model", self.d_model, self.d_model % self.num_heads == 0,
+                     f"divisible by num_heads ({self.num_heads}) when head_dim is None")
+        kv_heads = self.num_kv_heads or self.num_heads
+        _require("num_kv_heads", self.num_kv_heads, self.num_heads % kv_heads == 0,
+                 f"a divisor of num_heads ({self.num_heads})")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            _require(name, value, isinstance(value, (int, float)) and 0.0 <= value < 1.0, "in [0, 1)")
+        for name in ("pre_ln", "tie_embeddings", "scale_out_init"):
+            _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
+        _require("activation", self.activation, self.activation in ACTIVATIONS, f"one of {sorted(ACTIVATIONS)}")
+        _require("attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS,
+                 f"one of {attention.IMPLS}")
+        for name in ("pad_id", "eos_id", "bos_id"):
+            value = getattr(self, name)
+            _require(name, value, isinstance(value, int) and 0 <= value < self.vocab_size,
+                     f"an id in [0, vocab_size={self.vocab_size})")
+        ids = (self.pad_id, self.eos_id, self.bos_id)
+        _require("pad_id/eos_id/bos_id", ids, len(set(ids)) == 3, "three distinct ids")
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _require(name, value, ok, expected):
+    if not ok:
+        raise ValueError(f"TransformerConfig.{name} = {value!r}; expected {expected}")
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+    """Vaswani's table [max_len, d_model]: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)."""
+    angles = np.arange(max_len)[:, None] / 10000.0 ** (np.arange(0, d_model, 2) / d_model)
+    table = np.zeros((max_len, d_model), np.float32)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    return table
+
+
+def _check_tokens(name, tokens, config):
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must be int tokens [batch, length], got {tokens.dtype} {tokens.shape}")
+    if tokens.shape[1] > config.max_len:
+        raise ValueError(f"{name} has length {tokens.shape[1]} > config.max_len ({config.max_len})")
+
+
+def _out_kernel_init(config):
+    """None (the layer's default) or the default init scaled by 1/sqrt(2 num_layers)."""
+    if not config.scale_out_init:
+        return None
+    scale = 1.0 / math.sqrt(2 * config.num_layers)
+    return lambda key, shape, dtype=jnp.float32: scale * nn.linear.default_kernel_init(key, shape, dtype)
+
+
+def _attention(config, train, name, decode=False):
+    return attention.MultiHeadAttention(
+        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
+        dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode,
+        out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
+        dtype=config.dtype, param_dtype=config.param_dtype, name=name,
+    )
+
+
+def _residual(config, sublayer, x, train, norm_name):
+    """Pre-LN: x + drop(f(LN(x))); post-LN: LN(x + drop(f(x)))."""
+    norm = nn.LayerNorm(dtype=config.dtype, param_dtype=config.param_dtype, name=norm_name)
+    drop = nn.Dropout(config.dropout_rate, deterministic=not train)
+    if config.pre_ln:
+        return x + drop(sublayer(norm(x)))
+    return norm(x + drop(sublayer(x)))
+
+
+def _final_norm(config, x):
+    """Pre-LN leaves the residual stream un-normalised, so it ends with a LayerNorm; post-LN does not."""
+    if not config.pre_ln:
+        return x
+    return nn.LayerNorm(dtype=config.dtype, param_dtype=config.param_dtype, name="final_norm")(x)
+
+
+def _embed(config, embed, tokens, positions, train):
+    """tokens [B, L] -> embedding * sqrt(d_model) + sinusoid at `positions` [L], dropped out: [B, L, D]."""
+    table = jnp.asarray(sinusoidal_positions(config.max_len, config.d_model), config.dtype)
+    x = embed(tokens) * math.sqrt(config.d_model) + table[positions][None]
+    return nn.Dropout(config.dropout_rate, deterministic=not train)(x)
+
+
+class MlpBlock(nn.Module):
+    """Position-wise feed-forward block: [B, L, D] -> [B, L, mlp_dim] -> [B, L, D]."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        h = ACTIVATIONS[cfg.activation](dense(cfg.mlp_dim, name="wi")(x))
+        out_init = _out_kernel_init(cfg) or nn.linear.default_kernel_init
+        return dense(cfg.d_model, kernel_init=out_init, name="wo")(h)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention over the source, then the MLP, each in a residual branch."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, src_mask, train=False):
+        """x: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool (True = real key). Returns [B, Ls, D]."""
+        cfg = self.config
+        x = _residual(cfg, lambda h: _attention(cfg, train, "self_attention")(h, mask=src_mask), x, train, "ln_self")
+        return _residual(cfg, MlpBlock(cfg, name="mlp"), x, train, "ln_mlp")
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention (cached when `decode`), cross-attention to the encoder, then the MLP."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, y, encoded, src_mask, train=False, decode=False):
+        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D]."""
+        cfg = self.config
+        self_attention = _attention(cfg, train, "self_attention", decode=decode)
+        cross_attention = _attention(cfg, train, "cross_attention")
+        y = _residual(cfg, lambda h: self_attention(h, is_causal=True), y, train, "ln_self")
+        y = _residual(cfg, lambda h: cross_attention(h, encoded, mask=src_mask), y, train, "ln_cross")
+        return _residual(cfg, MlpBlock(cfg, name="mlp"), y, train, "ln_mlp")
+
+
+class Encoder(nn.Module):
+    """Source tokens -> contextual vectors."""
+
+    config: TransformerConfig
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(self, src_tokens, train=False):
+        """src_tokens: [B, Ls] int32. Returns [B, Ls, D]."""
+        cfg = self.config
+        x = _embed(cfg, self.embed, src_tokens, jnp.arange(src_tokens.shape[1]), train)
+        src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
+        for i in range(cfg.num_layers):
+            x = EncoderLayer(cfg, name=f"layer_{i}")(x, src_mask, train)
+        return _final_norm(cfg, x)
+
+
+class Decoder(nn.Module):
+    """Shifted target tokens + encoder output -> next-token logits."""
+
+    config: TransformerConfig
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
+        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32."""
+        cfg = self.config
+        y = _embed(cfg, self.embed, tgt_in_tokens, self._positions(tgt_in_tokens.shape[1], decode), train)
+        src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
+        for i in range(cfg.num_layers):
+            y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, src_mask, train, decode)
+        y = _final_norm(cfg, y)
+        if cfg.tie_embeddings:
+            logits = self.embed.attend(y)
+        else:
+            logits = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="logits")(y)
+        return logits.astype(jnp.float32)
+
+    def _positions(self, length, decode):
+        """Positions [length] of the fed tokens: 0.. in a full pass, the cache's counter onwards when decoding.
+
+        Feeding more tokens than the cache was sized for is not checked (under jit the
+        position lookup clamps, as the attention cache does).
+        """
+        if not decode:
+            return jnp.arange(length)
+        is_initialized = self.has_variable("cache", "position")
+        counter = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+        if not is_initialized:  # the call that sizes the cache sees the whole target
+            return jnp.arange(length)
+        start = counter.value
+        counter.value = start + length
+        return start + jnp.arange(length)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. `__call__` for training; `encode` + `decode` for inference."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embed = nn.Embed(
+            cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            # variance 1/d_model: x sqrt(d_model) gives unit-variance inputs, and tied logits stay O(1)
+            embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+        )
+        self.encoder = Encoder(cfg, self.embed)
+        self.decoder = Decoder(cfg, self.embed)
+
+    def encode(self, src_tokens, train=False):
+        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D]."""
+        _check_tokens("src_tokens", src_tokens, self.config)
+        return self.encoder(src_tokens, train)
+
+    def decode(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
+        """Logits [B, Lt, vocab] float32 for the next token after each of `tgt_in_tokens` [B, Lt].
+
+        encoded: [B, Ls, D] from `encode`; src_tokens: [B, Ls] (for the cross-attention padding
+        mask). decode=True appends to the `cache` collection (apply with mutable=['cache']).
+        """
+        _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
+        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode)
+
+    def __call__(self, src_tokens, tgt_in_tokens, train=False):
+        """src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt] (bos_id, then the target shifted right).
+
+        Returns logits [B, Lt, vocab] float32; target padding needs no mask here (the
+        self-attention is causal and pads come last), only in the loss.
+        """
+        encoded = self.encode(src_tokens, train)
+        return self.decode(encoded, src_tokens, tgt_in_tokens, train)

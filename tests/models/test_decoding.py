@@ -1,0 +1,207 @@
+"""Greedy and beam search against naive uncached loops, full-pass rescoring and a hand-built model."""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import models
+
+KEY = jax.random.key(0)
+PAD, EOS, BOS = 0, 1, 2
+SRC = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14], [15, 3, 0, 0, 0, 0]], jnp.int32)
+MAX_LEN = 8
+
+greedy = jax.jit(models.greedy_decode, static_argnums=(0, 3))
+beam = jax.jit(models.beam_search, static_argnums=(0,), static_argnames=("beam_size", "alpha", "max_len", "return_all_beams"))
+
+
+def tiny(**overrides):
+    fields = dict(vocab_size=20, d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, mlp_dim=48,
+                  max_len=16, dropout_rate=0.0, tie_embeddings=False)
+    return models.TransformerConfig(**{**fields, **overrides})
+
+
+@functools.cache
+def random_model(eos_bias=0.0):
+    """A random untied model (tied random models mostly echo their input token); `eos_bias` makes EOS likelier."""
+    model = models.Transformer(tiny())
+    params = model.init(KEY, SRC, SRC)["params"]
+    bias = params["decoder"]["logits"]["bias"]
+    params["decoder"]["logits"]["bias"] = bias.at[EOS].add(eos_bias)
+    return model, params
+
+
+def naive_greedy(model, params, src, max_len):
+    """Greedy without the cache: the full decoder re-run on [BOS] + prefix at every step.
+
+    The prefix sits in a fixed [B, max_len] buffer (one shape, one compilation); the pad
+    after it cannot matter, as the causality test in test_transformer.py checks.
+    """
+    buffer = np.full((src.shape[0], max_len), PAD, np.int32)
+    buffer[:, 0] = BOS
+    out = np.full((src.shape[0], max_len), PAD, np.int32)
+    done = np.zeros(src.shape[0], bool)
+    for t in range(max_len):
+        logits = model.apply({"params": params}, src, jnp.asarray(buffer))
+        out[:, t] = np.where(done, PAD, np.argmax(logits[:, t], axis=-1))
+        done |= out[:, t] == EOS
+        if t + 1 < max_len:
+            buffer[:, t + 1] = out[:, t]
+    return out
+
+
+def rescore(model, params, src, seq, alpha):
+    """log P(seq up to and including its first EOS) / lp(length), from one uncached forward pass (float64)."""
+    seq = np.asarray(seq)
+    length = int(np.argmax(seq == EOS)) + 1 if (seq == EOS).any() else len(seq)
+    assert (seq[length:] == PAD).all()  # padded after EOS
+    tgt_in = jnp.array([[BOS, *seq[:-1]]], jnp.int32)  # full length: one shape for every call
+    logits = np.asarray(model.apply({"params": params}, src[None], tgt_in)[0], np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    return sum(log_probs[t, seq[t]] for t in range(length)) / ((5 + length) / 6) ** alpha
+
+
+def test_greedy_on_the_cache_equals_a_naive_uncached_loop():
+    model, params = random_model(eos_bias=2.0)
+    tokens = np.asarray(greedy(model, params, SRC, MAX_LEN))
+    np.testing.assert_array_equal(tokens, naive_greedy(model, params, SRC, MAX_LEN))
+    assert (tokens == EOS).any(axis=1).any() and not (tokens == EOS).any(axis=1).all()  # both kinds of row
+
+
+def test_beam_of_one_is_greedy():
+    """alpha = 0: a length penalty could let a longer beam-1 hypothesis beat greedy's early EOS."""
+    model, params = random_model(eos_bias=2.0)
+    tokens, scores = beam(model, params, SRC, beam_size=1, alpha=0.0, max_len=MAX_LEN)
+    np.testing.assert_array_equal(tokens, greedy(model, params, SRC, MAX_LEN))
+    for b in range(SRC.shape[0]):
+        assert scores[b] == pytest.approx(rescore(model, params, SRC[b], tokens[b], 0.0), abs=1e-4)
+
+
+@pytest.mark.parametrize("eos_bias", [0.0, 3.0])
+def test_beam_scores_are_sorted_and_equal_full_pass_rescoring(eos_bias):
+    model, params = random_model(eos_bias=eos_bias)
+    seqs, scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, return_all_beams=True)
+    assert seqs.shape == (3, 4, MAX_LEN) and scores.shape == (3, 4)
+    assert (np.diff(np.asarray(scores), axis=1) <= 0).all()
+    for b in range(SRC.shape[0]):
+        for k in range(4):
+            assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
+        assert len({tuple(s) for s in np.asarray(seqs[b])}) == 4  # distinct hypotheses
+    best, best_scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN)
+    np.testing.assert_array_equal(best, seqs[:, 0])
+    np.testing.assert_array_equal(best_scores, scores[:, 0])
+
+
+# A hand-built decoder over tokens pad, EOS, BOS, A, B, C. The next-token distribution depends
+# on the fed token and on the one before it, which lives in the cache, so beams must carry
+# their own cache. From BOS: A .55, B .45. Greedy takes A, then C (.5), then EOS (.4): .11.
+# Beam search keeps B, whose C (.9) is followed by EOS (.9): .3645.
+A, B, C = 3, 4, 5
+PROBS = np.zeros((6, 6, 6))  # [token before, fed token, next token]
+PROBS[:, :, EOS] = 1.0  # any other context ends the sentence
+PROBS[PAD, BOS] = [0, 0, 0, 0.55, 0.45, 0]
+PROBS[BOS, A] = [0, 0.1, 0, 0.2, 0.2, 0.5]
+PROBS[BOS, B] = [0, 0.1, 0, 0, 0, 0.9]
+PROBS[A, C] = [0, 0.4, 0, 0.2, 0.2, 0.2]
+PROBS[B, C] = [0, 0.9, 0, 0.1, 0, 0]
+
+
+class HandBuiltDecoder(nn.Module):
+    """The `Transformer` decoding interface (`config`, `encode`, `decode`) over the table PROBS."""
+
+    config: models.TransformerConfig
+
+    def encode(self, src_tokens):
+        return jnp.zeros((*src_tokens.shape, 1))
+
+    @nn.compact
+    def decode(self, encoded, src_tokens, tgt_in_tokens, decode=False):
+        """Next-token logits [B, 1, 6] for the last fed token; the cache keeps the one before."""
+        sizing = not self.has_variable("cache", "before")
+        before = self.variable("cache", "before", lambda: jnp.full(tgt_in_tokens.shape[:1], PAD, jnp.int32))
+        if sizing:
+            return jnp.zeros((*tgt_in_tokens.shape, 6))
+        fed = tgt_in_tokens[:, -1]
+        logits = jnp.log(jnp.asarray(PROBS, jnp.float32) + 1e-12)[before.value, fed]
+        before.value = fed
+        return logits[:, None]
+
+
+def test_beam_search_beats_myopic_greedy_on_a_hand_built_model():
+    model = HandBuiltDecoder(models.TransformerConfig(vocab_size=6, max_len=8))
+    src = jnp.ones((2, 3), jnp.int32)
+    np.testing.assert_array_equal(greedy(model, {}, src, 5), [[A, C, EOS, PAD, PAD]] * 2)
+    tokens, scores = beam(model, {}, src, beam_size=2, alpha=0.6, max_len=5)
+    np.testing.assert_array_equal(tokens, [[B, C, EOS, PAD, PAD]] * 2)
+    np.testing.assert_allclose(scores, [math.log(0.45 * 0.9 * 0.9) / (8 / 6) ** 0.6] * 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(beam_size=0), "beam_size must be a positive int"),
+        (dict(alpha=-0.5), "alpha must be >= 0"),
+        (dict(max_len=17), "max_len must be an int in \\[1, config.max_len=16\\]"),
+    ],
+)
+def test_bad_beam_search_arguments_raise(kwargs, message):
+    model, params = random_model()
+    with pytest.raises(ValueError, match=message):
+        models.beam_search(model, params, SRC, **{"max_len": MAX_LEN, **kwargs})
+
+
+def test_bad_source_raises():
+    model, params = random_model()
+    with pytest.raises(ValueError, match="src_tokens must be int tokens"):
+        models.greedy_decode(model, params, SRC[0], MAX_LEN)
+
+
+# Four toy "translations" (reverse the sentence, shift every token by 5) of different lengths.
+PAIRS = [([3, 4, 5, 6], [11, 10, 9, 8]), ([7, 3], [8, 12]), ([9, 10, 11], [16, 15, 14]), ([12, 4, 8, 6, 5], [10, 11, 13, 9, 17])]
+
+
+def batch_pairs():
+    """(src [4, 6], tgt_in [4, 6] = BOS + target, tgt_out [4, 6] = target + EOS), pad-filled."""
+    src = np.full((4, 6), PAD, np.int32)
+    tgt_in, tgt_out = src.copy(), src.copy()
+    for i, (s, t) in enumerate(PAIRS):
+        src[i, : len(s)] = s
+        tgt_in[i, : len(t) + 1] = [BOS, *t]
+        tgt_out[i, : len(t) + 1] = [*t, EOS]
+    return jnp.asarray(src), jnp.asarray(tgt_in), jnp.asarray(tgt_out)
+
+
+@pytest.mark.slow
+def test_tiny_model_overfits_four_pairs_and_greedy_reproduces_them():
+    model = models.Transformer(tiny(vocab_size=20, num_kv_heads=None, tie_embeddings=True))
+    src, tgt_in, tgt_out = batch_pairs()
+    params = model.init(KEY, src, tgt_in)["params"]
+    optimizer = optax.adam(3e-3)
+
+    def loss_fn(params):
+        logits = model.apply({"params": params}, src, tgt_in)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, tgt_out)
+        weights = tgt_out != PAD
+        return jnp.sum(losses * weights) / jnp.sum(weights)
+
+    @jax.jit
+    def train_step(params, opt_state):
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = optimizer.init(params)
+    for _ in range(300):
+        params, opt_state, loss = train_step(params, opt_state)
+    assert loss < 0.01
+    expected = np.full((4, 8), PAD, np.int32)
+    expected[:, :6] = tgt_out
+    np.testing.assert_array_equal(greedy(model, params, src, 8), expected)
+    tokens, _ = beam(model, params, src, beam_size=4, alpha=0.6, max_len=8)
+    np.testing.assert_array_equal(tokens, expected)
