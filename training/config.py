@@ -1,0 +1,60 @@
+"""Start-up validation of a run's ConfigDict, and the model config it implies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_collections
+
+from models import TransformerConfig
+from training import data
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError naming the first bad field (value and what was expected)."""
+    m = config.model
+    _require("model.d_model", m.d_model, isinstance(m.d_model, int) and m.d_model > 0, "a positive int")
+    _require("model.num_heads", m.num_heads, isinstance(m.num_heads, int) and m.num_heads > 0, "a positive int")
+    if m.head_dim is None:
+        _require("model.d_model", m.d_model, m.d_model % m.num_heads == 0,
+                 f"divisible by model.num_heads ({m.num_heads}) when model.head_dim is None")
+    kv = m.num_kv_heads or m.num_heads
+    _require("model.num_kv_heads", m.num_kv_heads, m.num_heads % kv == 0,
+             f"a divisor of model.num_heads ({m.num_heads})")
+    _require("model.dtype", m.dtype, m.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+    is_multi30k = config.data.dataset == "multi30k"
+    _require("data.dataset", config.data.dataset, is_multi30k or "/" in config.data.dataset,
+             "'multi30k' or a tfds translation name such as 'wmt14_translate/de-en'")
+    if is_multi30k:
+        for field in ("src", "tgt"):
+            lang = config.data[field]
+            _require(f"data.{field}", lang, lang in data.MULTI30K_LANGUAGES, f"one of {data.MULTI30K_LANGUAGES}")
+        _require("data.tgt", config.data.tgt, config.data.tgt != config.data.src, "different from data.src")
+    for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
+        value = config[field]
+        _require(field, value, isinstance(value, int) and value > 0, "a positive int")
+    _require("mesh.data", config.mesh.data, config.mesh.data == 1, "1 (sharding is not implemented yet)")
+    _require("mesh.model", config.mesh.model, config.mesh.model == 1, "1 (sharding is not implemented yet)")
+
+
+def data_dir(config: ml_collections.ConfigDict) -> Path:
+    return Path(config.data.dir) if config.data.dir else data.default_multi30k_dir()
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    m = config.model
+    return TransformerConfig(
+        vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
+        attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
+        tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
+        dtype=DTYPES[m.dtype], attention_impl=m.attention_impl,
+    )
+
+
+def _require(field, value, ok, expected):
+    if not ok:
+        raise ValueError(f"config.{field} = {value!r}; expected {expected}")

@@ -1,0 +1,62 @@
+"""The optimizer, the train state, and the pure train / eval step functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+
+def learning_rate_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
+    """peak * min(step / warmup, sqrt(warmup / step)): Vaswani's schedule with peak = (d_model * warmup)^-0.5."""
+
+    def schedule(count):
+        step = jnp.maximum(count + 1, 1).astype(jnp.float32)
+        return peak * jnp.minimum(step / warmup_steps, jnp.sqrt(warmup_steps / step))
+
+    return schedule
+
+
+def make_optimizer(opt) -> optax.GradientTransformation:
+    adam = optax.adam(learning_rate_schedule(opt.learning_rate, opt.warmup_steps), b1=opt.b1, b2=opt.b2, eps=opt.eps)
+    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam) if opt.grad_clip_norm else adam
+
+
+def create_state(model, tx, rng, batch) -> train_state.TrainState:
+    params = model.init(rng, batch.src, batch.tgt_in)["params"]
+    return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+
+def token_losses(logits, targets, weights, label_smoothing):
+    """(smoothed cross-entropy sum, NLL sum, token count) over weighted positions. logits [B, L, V]."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
+    smoothed = -jnp.sum(labels * log_probs, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
+
+
+def train_step(state, batch, rng, *, label_smoothing: float) -> tuple[Any, dict]:
+    """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def loss_fn(params):
+        logits = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True, rngs={"dropout": dropout_rng})
+        loss_sum, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing)
+        return loss_sum / jnp.maximum(count, 1.0), (nll_sum, count)
+
+    (loss, (nll_sum, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    new_state = state.apply_gradients(grads=grads)
+    metrics = {"loss": loss, "nll": nll_sum / jnp.maximum(count, 1.0), "grad_norm": optax.tree.norm(grads), "tokens": count}
+    return new_state, metrics
+
+
+def eval_step(params, batch, *, apply_fn) -> dict:
+    """Sums for dev loss/perplexity: NLL (no smoothing) and token count."""
+    logits = apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=False)
+    _, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], 0.0)
+    return {"nll_sum": nll_sum, "tokens": count}
+
