@@ -28,11 +28,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     is_multi30k = config.data.dataset == "multi30k"
     _require("data.dataset", config.data.dataset, is_multi30k or "/" in config.data.dataset,
              "'multi30k' or a tfds translation name such as 'wmt14_translate/de-en'")
-    if is_multi30k:
-        for field in ("src", "tgt"):
-            lang = config.data[field]
-            _require(f"data.{field}", lang, lang in data.MULTI30K_LANGUAGES, f"one of {data.MULTI30K_LANGUAGES}")
-        _require("data.tgt", config.data.tgt, config.data.tgt != config.data.src, "different from data.src")
+    languages = data.MULTI30K_LANGUAGES if is_multi30k else tuple(config.data.dataset.rsplit("/", 1)[-1].split("-"))
+    for field in ("src", "tgt"):
+        lang = config.data[field]
+        _require(f"data.{field}", lang, lang in languages, f"one of {languages} for {config.data.dataset}")
+    _require("data.tgt", config.data.tgt, config.data.tgt != config.data.src, "different from data.src")
     for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
         value = config[field]
         _require(field, value, isinstance(value, int) and value > 0, "a positive int")

@@ -6,12 +6,14 @@ import functools
 import logging
 import math
 import signal
+import sys
 import time
 from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 
 from models import Transformer
 from training import checkpoints, config as config_lib, data, step as step_lib, tokenizer, translate
@@ -74,6 +76,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     stop = _StopFlag()
     dev_metrics: dict = {}
     window = _Window()
+    progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not sys.stderr.isatty())
     try:
         for step in range(start, config.num_train_steps):
             t0 = time.perf_counter()
@@ -87,6 +90,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 )
             window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
             done = step + 1
+            progress.update()
+            progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
             if done % config.log_every_steps == 0 or done == config.num_train_steps:
                 record = window.flush(done, float(step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)(step)))
                 writer.write(record)
@@ -104,6 +109,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
                 break
     finally:
+        progress.close()
         stop.restore()
         writer.close()
         ckpts.close()

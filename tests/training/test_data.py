@@ -92,6 +92,14 @@ def test_default_directory_comes_from_the_environment(monkeypatch, tmp_path):
     assert data.default_multi30k_dir() == Path.home() / ".cache" / "headcount" / "multi30k"
 
 
+def test_tfds_translation_datasets_load_through_mock_data():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=7):
+        corpus = data.load_tfds("wmt14_translate/de-en", "validation", "en", "de")
+    assert len(corpus) + corpus.dropped["empty"] == 7
+    assert all(isinstance(s, str) and s for s in corpus.src + corpus.tgt)
+
+
 def test_vocabulary_is_trained_once_and_reused(tmp_path):
     texts = [f"the dog number {i} runs to the house" for i in range(200)] + ["ein Hund läuft"] * 50
     path = tmp_path / "spm.model"

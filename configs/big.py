@@ -1,0 +1,14 @@
+"""Transformer-big (Vaswani et al. 2017) on WMT14 en->de: d_model 1024, 16 heads, d_ff 4096, dropout 0.3.
+
+    python train.py --config configs/big.py --workdir runs/big
+"""
+
+from configs import base
+
+
+def get_config(arg: str | None = None):
+    config = base.get_config(arg)
+    config.num_train_steps = 300_000
+    config.model.update(d_model=1024, num_heads=16, mlp_dim=4096, dropout_rate=0.3)
+    config.optimizer.learning_rate = (1024 * 4000) ** -0.5
+    return config
