@@ -17,6 +17,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.log_every_steps = 50  # training metrics to the log, metrics.jsonl and TensorBoard
     config.eval_every_steps = 500  # dev loss, perplexity and greedy BLEU
     config.checkpoint_every_steps = 500  # orbax checkpoint of the full train state
+    config.max_train_seconds = 0.0  # wall-clock budget of one invocation (0: none); then evaluate, save, stop
     config.keep_checkpoints = 3  # latest checkpoints kept (the best by dev loss is kept apart)
 
     config.data = ml_collections.ConfigDict()

@@ -36,6 +36,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
         value = config[field]
         _require(field, value, isinstance(value, int) and value > 0, "a positive int")
+    _require("max_train_seconds", config.max_train_seconds, config.max_train_seconds >= 0, ">= 0 (0: no limit)")
     _require("mesh.data", config.mesh.data, config.mesh.data == 1, "1 (sharding is not implemented yet)")
     _require("mesh.model", config.mesh.model, config.mesh.model == 1, "1 (sharding is not implemented yet)")
 

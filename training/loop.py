@@ -77,6 +77,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     dev_metrics: dict = {}
     window = _Window()
     progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not sys.stderr.isatty())
+    started = time.monotonic()
     try:
         for step in range(start, config.num_train_steps):
             t0 = time.perf_counter()
@@ -90,21 +91,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 )
             window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
             done = step + 1
+            out_of_time = bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds
+            last = done == config.num_train_steps or out_of_time
             progress.update()
             progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            if done % config.log_every_steps == 0 or done == config.num_train_steps:
+            if done % config.log_every_steps == 0 or last:
                 record = window.flush(done, float(step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)(step)))
                 writer.write(record)
                 eta = (config.num_train_steps - done) * record["step_time_s"]
                 logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
-            if done % config.eval_every_steps == 0 or done == config.num_train_steps:
+            if done % config.eval_every_steps == 0 or last:
                 dev_metrics = evaluate(config, model, state.params, vocab, dev, dev_set, eval_step, done)
                 writer.write(dev_metrics)
                 logging.info("dev %s", dev_metrics)
                 ckpts.save_if_best(done, state, dev_metrics["loss"])
-            if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop.requested:
+            if done % config.checkpoint_every_steps == 0 or last or stop.requested:
                 _check_finite(state.params, done, workdir)
                 ckpts.save(done, state)
+            if out_of_time:
+                logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
+                break
             if stop.requested:
                 logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
                 break

@@ -109,6 +109,14 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
 
 
+def test_time_budget_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path):
+    config = tiny_config(20)
+    config.max_train_seconds = 1e-9
+    metrics = loop.train_and_evaluate(config, tmp_path)
+    assert metrics["step"] == 1
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["1"]
+
+
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous(straight_run, tmp_path):
     import shutil
 
