@@ -15,16 +15,11 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError naming the first bad field (value and what was expected)."""
-    m = config.model
-    _require("model.d_model", m.d_model, isinstance(m.d_model, int) and m.d_model > 0, "a positive int")
-    _require("model.num_heads", m.num_heads, isinstance(m.num_heads, int) and m.num_heads > 0, "a positive int")
-    if m.head_dim is None:
-        _require("model.d_model", m.d_model, m.d_model % m.num_heads == 0,
-                 f"divisible by model.num_heads ({m.num_heads}) when model.head_dim is None")
-    kv = m.num_kv_heads or m.num_heads
-    _require("model.num_kv_heads", m.num_kv_heads, m.num_heads % kv == 0,
-             f"a divisor of model.num_heads ({m.num_heads})")
-    _require("model.dtype", m.dtype, m.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+    _require("model.dtype", config.model.dtype, config.model.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+    try:  # the model's own checks, reported under the config's field names
+        model_config(config, config.data.vocab_size)
+    except ValueError as error:
+        raise ValueError(str(error).replace("TransformerConfig.", "config.model.")) from None
     is_multi30k = config.data.dataset == "multi30k"
     _require("data.dataset", config.data.dataset, is_multi30k or "/" in config.data.dataset,
              "'multi30k' or a tfds translation name such as 'wmt14_translate/de-en'")

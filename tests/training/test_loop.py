@@ -159,7 +159,8 @@ def test_eval_cli_prints_bleu_and_translates_a_file(straight_run, tmp_path):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("model.num_heads", 3, r"config.model.d_model = 256; expected divisible by model.num_heads \(3\)"),
+        ("model.num_heads", 3, r"config.model.d_model = 256; expected divisible by num_heads \(3\)"),
+        ("model.activation", "swish", "config.model.activation = 'swish'"),
         ("model.num_kv_heads", 3, "config.model.num_kv_heads = 3; expected a divisor"),
         ("data.dataset", "imagenet", "config.data.dataset = 'imagenet'"),
         ("data.src", "xx", "config.data.src = 'xx'"),
