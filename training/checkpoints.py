@@ -44,10 +44,17 @@ class Checkpoints:
 
 
 def _restore_newest(manager, abstract_state):
+    """Restore the newest readable step; unreadable newer steps are deleted so that saving resumes."""
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    unreadable = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
-            target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-            return manager.restore(step, args=ocp.args.StandardRestore(target)), step
+            state = manager.restore(step, args=ocp.args.StandardRestore(target))
         except Exception as error:  # a half-written or damaged step: fall back to the previous one
             logging.warning("checkpoint %d in %s is unreadable (%s); trying an older one", step, manager.directory, error)
+            unreadable.append(step)
+            continue
+        for bad in unreadable:  # orbax saves nothing at or below its latest step
+            manager.delete(bad)
+        return state, step
     return None, 0

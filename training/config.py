@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -34,6 +35,32 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _require("max_train_seconds", config.max_train_seconds, config.max_train_seconds >= 0, ">= 0 (0: no limit)")
     _require("mesh.data", config.mesh.data, config.mesh.data == 1, "1 (sharding is not implemented yet)")
     _require("mesh.model", config.mesh.model, config.mesh.model == 1, "1 (sharding is not implemented yet)")
+
+
+# Sections that shape the train state or its meaning; the rest (steps, logging, eval) may change on resume.
+RESUME_FIXED = ("seed", "model", "data", "optimizer")
+
+
+def check_resumable(config: ml_collections.ConfigDict, saved_path: Path) -> None:
+    """A workdir continues only the run it holds: raise if a fixed section differs from `saved_path`."""
+    if not saved_path.exists():
+        return
+    saved = json.loads(saved_path.read_text())
+    current = json.loads(config.to_json_best_effort())
+    for section in RESUME_FIXED:
+        if saved.get(section) != current.get(section):
+            diffs = _differences(saved.get(section), current.get(section), section)
+            raise ValueError(
+                f"{saved_path.parent} holds a run whose config differs in {', '.join(diffs)}; "
+                "resume it with the same settings or start a new --workdir"
+            )
+
+
+def _differences(saved, current, prefix):
+    if not isinstance(saved, dict) or not isinstance(current, dict):
+        return [f"config.{prefix} ({saved!r} there, {current!r} now)"]
+    keys = sorted(set(saved) | set(current))
+    return [d for k in keys if saved.get(k) != current.get(k) for d in _differences(saved.get(k), current.get(k), f"{prefix}.{k}")]
 
 
 def data_dir(config: ml_collections.ConfigDict) -> Path:

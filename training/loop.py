@@ -44,6 +44,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     config_lib.validate(config)
+    config_lib.check_resumable(config, workdir / "config.json")
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
     if config.data.train_limit:
@@ -72,7 +73,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
     train_step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=config.optimizer.label_smoothing), donate_argnums=0)
     eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, resume_step=start)
     stop = _StopFlag()
     dev_metrics: dict = {}
     window = _Window()
@@ -100,13 +101,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 writer.write(record)
                 eta = (config.num_train_steps - done) * record["step_time_s"]
                 logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
-            if done % config.eval_every_steps == 0 or last:
+            evaluate_now = done % config.eval_every_steps == 0 or last
+            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop.requested
+            if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
+                _check_finite(state.params, done, workdir)
+            if evaluate_now:
                 dev_metrics = evaluate(config, model, state.params, vocab, dev, dev_set, eval_step, done)
                 writer.write(dev_metrics)
                 logging.info("dev %s", dev_metrics)
                 ckpts.save_if_best(done, state, dev_metrics["loss"])
-            if done % config.checkpoint_every_steps == 0 or last or stop.requested:
-                _check_finite(state.params, done, workdir)
+            if checkpoint_now:
                 ckpts.save(done, state)
             if out_of_time:
                 logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
@@ -124,7 +128,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
 def dev_batches(config, vocab, dev) -> list[dict]:
     """Dev pairs in fixed-shape bucketed batches (every pair once, none dropped)."""
-    src, tgt = vocab.encode(list(dev.src)), vocab.encode(list(dev.tgt))
+    limit = config.model.max_len
+    src = [ids[:limit] for ids in vocab.encode(list(dev.src))]
+    tgt = [ids[: limit - 1] for ids in vocab.encode(list(dev.tgt))]  # + BOS / EOS
     buckets = sorted(config.data.bucket_lengths)
     by_bucket: dict[int, list[int]] = {}
     for i, (s, t) in enumerate(zip(src, tgt)):
@@ -150,7 +156,7 @@ def evaluate(config, model, params, vocab, dev, batches, eval_step, step) -> dic
     nll = dev_loss(params, batches, eval_step)
     n = config.eval.bleu_examples or len(dev)
     hyps = translate.translate(
-        model, params, vocab.encode(list(dev.src[:n])), beam_size=1, alpha=config.eval.alpha,
+        model, params, [ids[: config.model.max_len] for ids in vocab.encode(list(dev.src[:n]))], beam_size=1, alpha=config.eval.alpha,
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
     )
     bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])

@@ -10,10 +10,17 @@ from tensorboardX import SummaryWriter
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str | Path):
+    def __init__(self, workdir: str | Path, resume_step: int = 0):
+        """Records after `resume_step` (logged before an interruption, redone now) are dropped."""
         self.enabled = jax.process_index() == 0
         if self.enabled:
-            self.jsonl = open(Path(workdir) / "metrics.jsonl", "a", encoding="utf-8")
+            path = Path(workdir) / "metrics.jsonl"
+            kept = [
+                line for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else [])
+                if line and json.loads(line)["step"] <= resume_step
+            ]
+            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            self.jsonl = open(path, "a", encoding="utf-8")
             self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
 
     def write(self, record: dict) -> None:

@@ -41,6 +41,8 @@ def _train(texts: Sequence[str], vocab_size: int, seed: int) -> bytes:
         bos_id=BOS_ID,
         unk_id=UNK_ID,
         hard_vocab_limit=False,  # a small corpus may not support the requested size
+        input_sentence_size=2_000_000,  # a random sample of that many sentences on WMT-sized corpora
+        shuffle_input_sentence=True,
         num_threads=1,
         minloglevel=2,
     )

@@ -75,6 +75,9 @@ def test_a_run_writes_config_checkpoints_and_metrics(straight_run):
     assert dev[-1]["perplexity"] == pytest.approx(np.exp(dev[-1]["loss"]))
     assert metrics == dev[-1]
     assert list((workdir / "tensorboard").iterdir())
+    best_step = min(dev, key=lambda r: r["loss"])["step"]
+    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
+    assert evaluate.load_run(workdir)[4] == best_step  # eval.py prefers the best checkpoint
 
 
 def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp_path):
@@ -117,7 +120,7 @@ def test_time_budget_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["1"]
 
 
-def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous(straight_run, tmp_path):
+def test_a_corrupt_latest_checkpoint_is_skipped_and_the_run_redoes_its_steps(straight_run, tmp_path):
     import shutil
 
     workdir = tmp_path / "run"
@@ -125,14 +128,30 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous(straight_run, tm
     for item in (workdir / "checkpoints" / "20").rglob("*"):
         if item.is_file():
             item.write_bytes(b"garbage")
-    _, _, model, _, _ = evaluate.load_run(straight_run[0])
-    config = tiny_config()
-    state = loop.step_lib.create_state(model, loop.step_lib.make_optimizer(config.optimizer), jax.random.key(0), loop.BatchSchedule.assemble([[4]], [[4]], 1, 2))
-    ckpts = checkpoints.Checkpoints(workdir, 3)
-    restored, step = ckpts.restore_latest(state)
-    ckpts.close()
-    assert step == 10
-    assert_same_params(restored.params, params_of(straight_run[0], 10))
+    loop.train_and_evaluate(tiny_config(20), workdir)  # falls back to step 10, trains 11..20 again
+    assert_same_params(params_of(workdir, 20), params_of(straight_run[0], 20))
+    steps = [(r["step"], r.get("split")) for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())]
+    assert len(steps) == len(set(steps))  # the redone steps replaced their old records
+
+
+def test_a_workdir_refuses_to_resume_with_another_model(straight_run):
+    config = tiny_config(30)
+    config.model.d_model = 32
+    with pytest.raises(ValueError, match=r"config.model.d_model \(16 there, 32 now\)"):
+        loop.train_and_evaluate(config, straight_run[0])
+
+
+def test_command_line_overrides_and_config_arguments():
+    config = default.get_config("h=8,kv=2")
+    assert (config.model.num_heads, config.model.num_kv_heads) == (8, 2)
+    with pytest.raises(ValueError, match="takes arguments h="):
+        default.get_config("heads=8")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/default.py"),
+         "--config.model.no_such_field=1", "--workdir", "/nonexistent"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode != 0 and "no_such_field" in out.stderr
 
 
 def test_eval_cli_prints_bleu_and_translates_a_file(straight_run, tmp_path):
