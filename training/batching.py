@@ -33,6 +33,11 @@ class Batch:
         return 1.0 - real / (self.src.size + self.tgt_out.size)
 
 
+def bucket_length(length: int, bucket_lengths: Sequence[int]) -> int:
+    """The smallest bucket length >= `length`, or `length` itself when it exceeds every bucket."""
+    return next((b for b in sorted(bucket_lengths) if b >= length), length)
+
+
 class BatchSchedule:
     """The batches of an epoch for a tokenized corpus; `examples_dropped` counts over-long pairs."""
 

@@ -24,10 +24,7 @@ def load_run(workdir: str | Path):
     config.data.bucket_lengths = tuple(config.data.bucket_lengths)
     vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
     model = loop.build_model(config, vocab)
-    sample = loop.BatchSchedule.assemble([[4]], [[4]], rows=1, length=2)
-    abstract = jax.eval_shape(
-        lambda: step_lib.create_state(model, step_lib.make_optimizer(config.optimizer), jax.random.key(0), sample)
-    )
+    abstract = step_lib.abstract_state(model, config.optimizer)
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
     state, step = ckpts.restore_for_eval(abstract)
     ckpts.close()
@@ -71,8 +68,6 @@ def translate_file(workdir: str | Path, input_path: str | Path, output_path: str
 
 
 def _translate(config, model, params, src_ids, beam_size):
-    limit = model.config.max_len
-    src_ids = [ids[:limit] for ids in src_ids]  # over-long inputs are cut to what the model can read
     return translate.translate(
         model, params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,

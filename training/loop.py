@@ -17,7 +17,7 @@ import tqdm
 
 from models import Transformer
 from training import checkpoints, config as config_lib, data, step as step_lib, tokenizer, translate
-from training.batching import Batch, BatchSchedule
+from training.batching import Batch, BatchSchedule, bucket_length
 from training.metrics import MetricsWriter
 
 
@@ -74,6 +74,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     train_step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=config.optimizer.label_smoothing), donate_argnums=0)
     eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
     writer = MetricsWriter(workdir, resume_step=start)
+    learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
     stop = _StopFlag()
     dev_metrics: dict = {}
     window = _Window()
@@ -85,7 +86,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             batch = schedule.batch(step)
             t1 = time.perf_counter()
             state, metrics = train_step(state, as_arrays(batch), rng_dropout)
-            loss = float(metrics["loss"])  # also waits for the step: honest step times
+            metrics = jax.device_get(metrics)  # also waits for the step: honest step times
+            loss = float(metrics["loss"])
             if not math.isfinite(loss):
                 raise NonFiniteLoss(
                     f"loss is {loss} at step {step}; stopping. The last good checkpoint is kept in {workdir / 'checkpoints'}"
@@ -97,7 +99,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             progress.update()
             progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
             if done % config.log_every_steps == 0 or last:
-                record = window.flush(done, float(step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)(step)))
+                record = window.flush(done, float(learning_rate(step)))
                 writer.write(record)
                 eta = (config.num_train_steps - done) * record["step_time_s"]
                 logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
@@ -131,11 +133,9 @@ def dev_batches(config, vocab, dev) -> list[dict]:
     limit = config.model.max_len
     src = [ids[:limit] for ids in vocab.encode(list(dev.src))]
     tgt = [ids[: limit - 1] for ids in vocab.encode(list(dev.tgt))]  # + BOS / EOS
-    buckets = sorted(config.data.bucket_lengths)
     by_bucket: dict[int, list[int]] = {}
     for i, (s, t) in enumerate(zip(src, tgt)):
-        need = max(len(s), len(t) + 1)
-        by_bucket.setdefault(next((b for b in buckets if b >= need), need), []).append(i)
+        by_bucket.setdefault(bucket_length(max(len(s), len(t) + 1), config.data.bucket_lengths), []).append(i)
     batches = []
     for length, ids in sorted(by_bucket.items()):
         rows = max(1, config.data.token_budget // length)
@@ -156,7 +156,7 @@ def evaluate(config, model, params, vocab, dev, batches, eval_step, step) -> dic
     nll = dev_loss(params, batches, eval_step)
     n = config.eval.bleu_examples or len(dev)
     hyps = translate.translate(
-        model, params, [ids[: config.model.max_len] for ids in vocab.encode(list(dev.src[:n]))], beam_size=1, alpha=config.eval.alpha,
+        model, params, vocab.encode(list(dev.src[:n])), beam_size=1, alpha=config.eval.alpha,
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
     )
     bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])

@@ -30,6 +30,14 @@ def create_state(model, tx, rng, batch) -> train_state.TrainState:
     return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
+def abstract_state(model, optimizer_config) -> train_state.TrainState:
+    """Shapes and dtypes of the train state (nothing computed): the target of a checkpoint restore."""
+    tokens = jnp.ones((1, 2), jnp.int32)
+    return jax.eval_shape(lambda: train_state.TrainState.create(
+        apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
+        tx=make_optimizer(optimizer_config)))
+
+
 def token_losses(logits, targets, weights, label_smoothing):
     """(smoothed cross-entropy sum, NLL sum, token count) over weighted positions. logits [B, L, V]."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))

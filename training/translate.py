@@ -10,7 +10,7 @@ import numpy as np
 import sacrebleu
 
 from models import beam_search, greedy_decode
-from training.batching import BatchSchedule
+from training.batching import BatchSchedule, bucket_length
 
 
 def translate(
@@ -19,17 +19,17 @@ def translate(
 ) -> list[list[int]]:
     """Token ids of each translation (EOS and padding removed), in input order.
 
-    Sources are grouped by bucket length and padded to `rows` rows, so each bucket compiles once;
+    Sources are cut to the model's max_len, grouped by bucket length and padded to `rows` rows, so each bucket compiles once;
     output length is capped at bucket length + `max_extra_length` (and the model's max_len).
     """
     eos, pad = model.config.eos_id, model.config.pad_id
-    buckets = sorted(bucket_lengths)
+    src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     results: list[list[int]] = [[] for _ in src_ids]
     for start in range(0, len(order), rows):
         chunk = order[start : start + rows]
         longest = max(len(src_ids[i]) for i in chunk)
-        length = next((b for b in buckets if b >= longest), longest)
+        length = bucket_length(longest, bucket_lengths)
         batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
         max_len = min(length + max_extra_length, model.config.max_len)
         tokens = np.asarray(_decoder(model, beam_size, alpha, max_len)(params, batch.src))

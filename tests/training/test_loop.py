@@ -43,7 +43,7 @@ def tiny_config(steps=20):
 def params_of(workdir, step):
     config = tiny_config()
     _, _, model, _, _ = evaluate.load_run(workdir)
-    abstract = jax.eval_shape(lambda: loop.step_lib.create_state(model, loop.step_lib.make_optimizer(config.optimizer), jax.random.key(0), loop.BatchSchedule.assemble([[4]], [[4]], 1, 2)))
+    abstract = loop.step_lib.abstract_state(model, config.optimizer)
     ckpts = checkpoints.Checkpoints(workdir, 3)
     state = ckpts.latest.restore(step, args=checkpoints.ocp.args.StandardRestore(abstract))
     ckpts.close()
