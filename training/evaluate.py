@@ -5,13 +5,19 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
+import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import sentencepiece as spm
 
+from models import decoding
 from training import checkpoints, loop, step as step_lib, translate
+from training.batching import BatchSchedule, bucket_length
 
 
 def load_run(workdir: str | Path):
@@ -36,6 +42,11 @@ def load_run(workdir: str | Path):
 def evaluate_split(workdir: str | Path, split: str, beam_size: int) -> dict:
     """Perplexity and beam-search sacreBLEU on `split`; hypotheses go to the workdir."""
     config, vocab, model, params, step = load_run(workdir)
+    return {"step": step, **score_split(config, vocab, model, params, split, beam_size, workdir)}
+
+
+def score_split(config, vocab, model, params, split: str, beam_size: int, workdir: str | Path) -> dict:
+    """Perplexity and sacreBLEU of loaded parameters on `split`; writes WORKDIR/hypotheses.SPLIT.beamK.txt."""
     corpus = loop.load_corpus(config, split)
     eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
     nll = loop.dev_loss(params, loop.dev_batches(config, vocab, corpus), eval_step)
@@ -44,9 +55,40 @@ def evaluate_split(workdir: str | Path, split: str, beam_size: int) -> dict:
     out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     bleu, signature = translate.corpus_bleu(hyps, corpus.tgt)
     return {
-        "step": step, "split": split, "beam_size": beam_size, "loss": nll, "perplexity": math.exp(nll),
+        "split": split, "beam_size": beam_size, "loss": nll, "perplexity": math.exp(nll),
         "bleu": bleu, "signature": signature, "hypotheses": str(out_path),
     }
+
+
+def parameter_count(params) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))
+
+
+def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6, max_extra_length: int = 50, repeats: int = 3) -> dict:
+    """Decode-cache bytes per target token and output tokens/s of greedy and beam search on one batch.
+
+    src_ids: the batch's source token ids (one padded batch at the bucket of the longest). Cache bytes are
+    summed from the arrays `init_cache` allocates (every decoder layer's K and V, over batch * length);
+    tokens/s counts each sentence's output tokens up to its EOS, median of `repeats` timed runs after a warm-up.
+    """
+    length = bucket_length(max(len(s) for s in src_ids), bucket_lengths)
+    src = jnp.asarray(BatchSchedule.assemble(src_ids, [[] for _ in src_ids], len(src_ids), length).src)
+    max_len = min(length + max_extra_length, model.config.max_len)
+    encoded = model.apply({"params": params}, src, method="encode")
+    cache = decoding.init_cache(model, params, encoded, src, max_len)
+    kv = [x for path, x in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key in ("cached_key", "cached_value")]
+    result = {"kv_cache_bytes_per_token": sum(x.nbytes for x in kv) / (src.shape[0] * max_len), "decode_batch": src.shape[0]}
+    for beam_size in beam_sizes:
+        decode = translate.decoder(model, beam_size, alpha, max_len)
+        tokens = np.asarray(decode(params, src))  # compile and warm up
+        generated = sum(int(np.argmax(row == model.config.eos_id)) + 1 if model.config.eos_id in row else len(row) for row in tokens)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(decode(params, src))
+            times.append(time.perf_counter() - start)
+        result[f"decode_tokens_per_s_beam{beam_size}"] = generated / statistics.median(times)
+    return result
 
 
 def translate_file(workdir: str | Path, input_path: str | Path, output_path: str | Path, beam_size: int) -> int:

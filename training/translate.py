@@ -32,7 +32,7 @@ def translate(
         length = bucket_length(longest, bucket_lengths)
         batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
         max_len = min(length + max_extra_length, model.config.max_len)
-        tokens = np.asarray(_decoder(model, beam_size, alpha, max_len)(params, batch.src))
+        tokens = np.asarray(decoder(model, beam_size, alpha, max_len)(params, batch.src))
         for row, i in enumerate(chunk):
             out = list(tokens[row])
             out = out[: out.index(eos)] if eos in out else out
@@ -41,7 +41,7 @@ def translate(
 
 
 @functools.lru_cache(maxsize=32)
-def _decoder(model, beam_size, alpha, max_len):
+def decoder(model, beam_size, alpha, max_len):
     if beam_size == 1:
         return jax.jit(lambda params, src: greedy_decode(model, params, src, max_len))
     return jax.jit(lambda params, src: beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len)[0])

@@ -1,0 +1,185 @@
+"""Config sweeps: one workdir per (point, seed), each an ordinary training run plus a fixed evaluation.
+
+A sweep config module (e.g. configs/ablation_heads.py) is an ordinary config whose argument
+`KEY=VALUE` selects a point, plus three names: `SWEEP_NAME` (the results' file stem), `SWEEP_KEY`
+and `SWEEP_VALUES`. A point's workdir holds the usual train.py files and, once evaluated,
+`result.json`; its presence marks the point finished. All points share one SentencePiece
+vocabulary (trained once into the sweep's workdir), so the only differences are the swept field
+and the seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from training import config as config_lib, evaluate, loop, tokenizer
+
+TIMING_FILE = "train_seconds.json"
+RESULT_FILE = "result.json"
+SPEC_FILE = "sweep.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    key: str
+    value: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}{self.value}_seed{self.seed}"
+
+    @property
+    def arg(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+def load_module(config_path: str | Path) -> ModuleType:
+    """The sweep config module at `config_path`, checked for the three sweep names."""
+    path = Path(config_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {config_path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"sweep_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    missing = [n for n in ("SWEEP_NAME", "SWEEP_KEY", "SWEEP_VALUES", "get_config") if not hasattr(module, n)]
+    if missing:
+        raise ValueError(f"{config_path} is not a sweep config: it lacks {', '.join(missing)}")
+    return module
+
+
+def points(module: ModuleType, seeds: int) -> list[Point]:
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"--seeds must be a positive int, got {seeds!r}")
+    return [Point(module.SWEEP_KEY, value, seed) for value in module.SWEEP_VALUES for seed in range(seeds)]
+
+
+def point_command(config_path: str, workdir: Path, point: Point) -> list[str]:
+    """The command that trains and evaluates one point: what a cluster scheduler launches."""
+    return [sys.executable, "sweep.py", "--config", str(config_path), "--workdir", str(workdir),
+            "--point", point.arg, "--seed", str(point.seed)]
+
+
+def shell_line(command: list[str]) -> str:
+    return " ".join(shlex.quote(part) for part in command)
+
+
+def is_finished(workdir: Path, point: Point) -> bool:
+    return (workdir / point.name / RESULT_FILE).exists()
+
+
+def write_spec(workdir: Path, config_path: str, module: ModuleType, seeds: int) -> None:
+    """What `collect` needs to rebuild the tables from the finished runs alone."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = {"config": str(config_path), "name": module.SWEEP_NAME, "key": module.SWEEP_KEY,
+            "values": list(module.SWEEP_VALUES), "seeds": seeds}
+    (workdir / SPEC_FILE).write_text(json.dumps(spec, indent=2))
+
+
+def run_point(config_path: str, workdir: Path, point: Point) -> dict:
+    """Train (resuming) and evaluate one point; a finished point returns its stored result."""
+    result_path = workdir / point.name / RESULT_FILE
+    if result_path.exists():
+        return json.loads(result_path.read_text())
+    module = load_module(config_path)
+    config = module.get_config(point.arg)
+    config.seed = point.seed
+    run_dir = workdir / point.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shared_vocabulary(config, workdir), run_dir / "spm.model")
+    _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
+    result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir)}
+    result_path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def shared_vocabulary(config, workdir: Path) -> Path:
+    """The sweep's one SentencePiece model (seed 0, the training split), trained on first use."""
+    path = workdir / "spm.model"
+    if not path.exists():
+        config_lib.validate(config)
+        train = loop.load_corpus(config, config.data.train_split)
+        tokenizer.load_or_train(path, train.src + train.tgt, config.data.vocab_size, seed=0)
+    return path
+
+
+def _timed(path: Path, fn) -> None:
+    """Run `fn`, adding its wall time to the seconds stored at `path` (so resumed runs add up)."""
+    spent = json.loads(path.read_text())["seconds"] if path.exists() else 0.0
+    started = time.monotonic()
+    try:
+        fn()
+    finally:
+        path.write_text(json.dumps({"seconds": spent + time.monotonic() - started}))
+
+
+def measure(run_dir: Path) -> dict:
+    """Everything the sweep tables report for one finished run."""
+    config, vocab, model, params, step = evaluate.load_run(run_dir)
+    scores = {}
+    for label, split in (("dev", config.data.eval_split), ("test", "test_2016_flickr")):
+        score = evaluate.score_split(config, vocab, model, params, split, beam_size=4, workdir=run_dir)
+        scores.update({f"{label}_loss": score["loss"], f"{label}_perplexity": score["perplexity"], f"{label}_bleu": score["bleu"]})
+    dev = loop.load_corpus(config, config.data.eval_split)
+    decoding = evaluate.decoding_speed(model, params, vocab.encode(list(dev.src[:64])), config.data.bucket_lengths)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    tokens_per_s = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    return {
+        "step": step, "num_heads": config.model.num_heads, "num_kv_heads": config.model.num_kv_heads or config.model.num_heads,
+        "head_dim": config.model.head_dim or config.model.d_model // config.model.num_heads,
+        "parameters": evaluate.parameter_count(params), **scores,
+        "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
+        "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],
+        "bleu_signature": score["signature"], **decoding,
+    }
+
+
+def run_sweep(config_path: str, workdir: Path, seeds: int, jobs: int = 1) -> list[Point]:
+    """Run every unfinished point as its own process (`jobs` at a time); return the points that failed.
+
+    Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
+    latest checkpoint and skips finished ones; its log goes to WORKDIR/NAME.log.
+    """
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
+    module = load_module(config_path)
+    write_spec(workdir, config_path, module, seeds)
+    todo = [p for p in points(module, seeds) if not is_finished(workdir, p)]
+    running: list[tuple[Point, subprocess.Popen, object]] = []
+    failed: list[Point] = []
+    try:
+        _drive(config_path, workdir, jobs, todo, running, failed)
+    finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
+        for _, process, log in running:
+            process.terminate()
+            process.wait()
+            log.close()
+    return failed
+
+
+def _drive(config_path, workdir, jobs, todo, running, failed):
+    while todo or running:
+        while todo and len(running) < jobs:
+            point = todo.pop(0)
+            log = open(workdir / f"{point.name}.log", "a")
+            print(f"[sweep] start {point.name}: {shell_line(point_command(config_path, workdir, point))}", flush=True)
+            running.append((point, subprocess.Popen(point_command(config_path, workdir, point), stdout=log, stderr=subprocess.STDOUT), log))
+        time.sleep(1.0)
+        for entry in [e for e in running if e[1].poll() is not None]:
+            point, process, log = entry
+            running.remove(entry)
+            log.close()
+            ok = process.returncode == 0 and is_finished(workdir, point)
+            print(f"[sweep] {'done' if ok else 'FAILED'} {point.name} (exit {process.returncode})", flush=True)
+            if not ok:
+                failed.append(point)
