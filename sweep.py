@@ -14,7 +14,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from training import sweep
+from training import sweep, sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, configs/ablation_kv.py)")
 flags.DEFINE_string("workdir", None, "the sweep's directory: one subdirectory per point and seed")
@@ -44,10 +44,10 @@ def main(argv):
         sweep.write_spec(workdir, f.config, module, f.seeds)
         for point in sweep.points(module, f.seeds):
             if not sweep.is_finished(workdir, point):
-                print(sweep.shell_line(sweep.point_command(f.config, workdir, point)))
+                print(sweep.shell_line(sweep.point_command(["python", "sweep.py"], f.config, workdir, point)))
         return
-    failed = [] if f.collect else sweep.run_sweep(f.config, workdir, f.seeds, f.jobs)
-    from training import sweep_tables  # noqa: PLC0415
+    program = [sys.executable, str(Path(__file__).resolve())]
+    failed = [] if f.collect else sweep.run_sweep(program, f.config, workdir, f.seeds, f.jobs)
     for path in sweep_tables.collect(workdir, Path(f.results_dir)):
         print(f"wrote {path}")
     if failed:

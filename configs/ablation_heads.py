@@ -16,6 +16,7 @@ from configs import default
 
 SWEEP_NAME = "heads"  # results/heads.{md,csv,png}
 SWEEP_KEY = "h"  # the config argument the sweep varies
+SWEEP_TEST_SPLIT = "test_2016_flickr"  # also scored with beam 4
 SWEEP_VALUES = (1, 2, 4, 8, 16, 32)
 
 

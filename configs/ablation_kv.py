@@ -11,6 +11,7 @@ from configs import ablation_heads, default
 
 SWEEP_NAME = "kv"  # results/kv.{md,csv,png}
 SWEEP_KEY = "kv"
+SWEEP_TEST_SPLIT = None  # dev split only: the KV table reports dev scores and decoding
 SWEEP_VALUES = (8, 4, 2, 1)
 
 

@@ -1,8 +1,8 @@
 """Config sweeps: one workdir per (point, seed), each an ordinary training run plus a fixed evaluation.
 
 A sweep config module (e.g. configs/ablation_heads.py) is an ordinary config whose argument
-`KEY=VALUE` selects a point, plus three names: `SWEEP_NAME` (the results' file stem), `SWEEP_KEY`
-and `SWEEP_VALUES`. A point's workdir holds the usual train.py files and, once evaluated,
+`KEY=VALUE` selects a point, plus four names: `SWEEP_NAME` (the results' file stem), `SWEEP_KEY`,
+`SWEEP_VALUES` and `SWEEP_TEST_SPLIT` (a held-out split also scored, or None). A point's workdir holds the usual train.py files and, once evaluated,
 `result.json`; its presence marks the point finished. All points share one SentencePiece
 vocabulary (trained once into the sweep's workdir), so the only differences are the swept field
 and the seed.
@@ -17,7 +17,6 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -52,7 +51,7 @@ def load_module(config_path: str | Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"sweep_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    missing = [n for n in ("SWEEP_NAME", "SWEEP_KEY", "SWEEP_VALUES", "get_config") if not hasattr(module, n)]
+    missing = [n for n in ("SWEEP_NAME", "SWEEP_KEY", "SWEEP_VALUES", "SWEEP_TEST_SPLIT", "get_config") if not hasattr(module, n)]
     if missing:
         raise ValueError(f"{config_path} is not a sweep config: it lacks {', '.join(missing)}")
     return module
@@ -61,13 +60,13 @@ def load_module(config_path: str | Path) -> ModuleType:
 def points(module: ModuleType, seeds: int) -> list[Point]:
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"--seeds must be a positive int, got {seeds!r}")
-    return [Point(module.SWEEP_KEY, value, seed) for value in module.SWEEP_VALUES for seed in range(seeds)]
+    # Seed-major: a sweep cut short has every value once before it has any twice.
+    return [Point(module.SWEEP_KEY, value, seed) for seed in range(seeds) for value in module.SWEEP_VALUES]
 
 
-def point_command(config_path: str, workdir: Path, point: Point) -> list[str]:
-    """The command that trains and evaluates one point: what a cluster scheduler launches."""
-    return [sys.executable, "sweep.py", "--config", str(config_path), "--workdir", str(workdir),
-            "--point", point.arg, "--seed", str(point.seed)]
+def point_command(program: list[str], config_path: str, workdir: Path, point: Point) -> list[str]:
+    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point: what a cluster scheduler launches."""
+    return [*program, "--config", str(config_path), "--workdir", str(workdir), "--point", point.arg, "--seed", str(point.seed)]
 
 
 def shell_line(command: list[str]) -> str:
@@ -98,7 +97,7 @@ def run_point(config_path: str, workdir: Path, point: Point) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shared_vocabulary(config, workdir), run_dir / "spm.model")
     _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
-    result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir)}
+    result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir, module.SWEEP_TEST_SPLIT)}
     result_path.write_text(json.dumps(result, indent=2))
     return result
 
@@ -123,11 +122,12 @@ def _timed(path: Path, fn) -> None:
         path.write_text(json.dumps({"seconds": spent + time.monotonic() - started}))
 
 
-def measure(run_dir: Path) -> dict:
-    """Everything the sweep tables report for one finished run."""
+def measure(run_dir: Path, test_split: str | None) -> dict:
+    """Everything the sweep tables report for one finished run (beam 4 on the dev split and `test_split`)."""
     config, vocab, model, params, step = evaluate.load_run(run_dir)
     scores = {}
-    for label, split in (("dev", config.data.eval_split), ("test", "test_2016_flickr")):
+    splits = [("dev", config.data.eval_split)] + ([("test", test_split)] if test_split else [])
+    for label, split in splits:
         score = evaluate.score_split(config, vocab, model, params, split, beam_size=4, workdir=run_dir)
         scores.update({f"{label}_loss": score["loss"], f"{label}_perplexity": score["perplexity"], f"{label}_bleu": score["bleu"]})
     dev = loop.load_corpus(config, config.data.eval_split)
@@ -144,7 +144,7 @@ def measure(run_dir: Path) -> dict:
     }
 
 
-def run_sweep(config_path: str, workdir: Path, seeds: int, jobs: int = 1) -> list[Point]:
+def run_sweep(program: list[str], config_path: str, workdir: Path, seeds: int, jobs: int = 1) -> list[Point]:
     """Run every unfinished point as its own process (`jobs` at a time); return the points that failed.
 
     Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
@@ -158,7 +158,7 @@ def run_sweep(config_path: str, workdir: Path, seeds: int, jobs: int = 1) -> lis
     running: list[tuple[Point, subprocess.Popen, object]] = []
     failed: list[Point] = []
     try:
-        _drive(config_path, workdir, jobs, todo, running, failed)
+        _drive(program, config_path, workdir, jobs, todo, running, failed)
     finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
         for _, process, log in running:
             process.terminate()
@@ -167,13 +167,14 @@ def run_sweep(config_path: str, workdir: Path, seeds: int, jobs: int = 1) -> lis
     return failed
 
 
-def _drive(config_path, workdir, jobs, todo, running, failed):
+def _drive(program, config_path, workdir, jobs, todo, running, failed):
     while todo or running:
         while todo and len(running) < jobs:
             point = todo.pop(0)
             log = open(workdir / f"{point.name}.log", "a")
-            print(f"[sweep] start {point.name}: {shell_line(point_command(config_path, workdir, point))}", flush=True)
-            running.append((point, subprocess.Popen(point_command(config_path, workdir, point), stdout=log, stderr=subprocess.STDOUT), log))
+            command = point_command(program, config_path, workdir, point)
+            print(f"[sweep] start {point.name}: {shell_line(command)}", flush=True)
+            running.append((point, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log))
         time.sleep(1.0)
         for entry in [e for e in running if e[1].poll() is not None]:
             point, process, log = entry
