@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def markdown(rows: list[dict], kind: str) -> str:
         cells = []
         for _, field, fmt in columns:
             if field in SPREAD_FIELDS:
-                cells.append(f"{fmt.format(row[field + '_mean'])} ± {fmt.format(row[field + '_std'])}")
+                std = row[field + "_std"]  # nan with one seed
+                cells.append(fmt.format(row[field + "_mean"]) + (f" ± {fmt.format(std)}" if math.isfinite(std) else ""))
             else:
                 cells.append(fmt.format(row[field + "_mean"] if f"{field}_mean" in row else row[field]))
         if paper:
