@@ -6,6 +6,7 @@ import logging
 import os
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 MODES = ("auto", "always", "never")
@@ -63,3 +64,10 @@ def main_first(name: str, fn):
     result = fn() if is_main() else None
     multihost_utils.sync_global_devices(name)
     return result if is_main() else fn()
+
+
+def agree(*flags: bool) -> tuple[bool, ...]:
+    """Process 0's values of `flags` on every process: clocks and signals differ, but all must stop together."""
+    if jax.process_count() == 1:
+        return flags
+    return tuple(bool(x) for x in multihost_utils.broadcast_one_to_all(np.array(flags, dtype=np.int32)))

@@ -49,9 +49,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     config_lib.validate(config)
-    config_lib.check_resumable(config, workdir / "config.json")
-    if distributed.is_main():
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+
+    def record_config():
+        config_lib.check_resumable(config, workdir / "config.json")
+        if distributed.is_main():
+            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+
+    distributed.main_first("config", record_config)
     train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
     if config.data.train_limit:
         train = data.Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
@@ -102,7 +106,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 )
             window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
             done = step + 1
-            out_of_time = bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds
+            out_of_time, stop_requested = distributed.agree(
+                bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
             last = done == config.num_train_steps or out_of_time
             progress.update()
             progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
@@ -112,7 +117,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 eta = (config.num_train_steps - done) * record["step_time_s"]
                 logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
             evaluate_now = done % config.eval_every_steps == 0 or last
-            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop.requested
+            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
             if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
                 _check_finite(state.params, done, workdir)
             if evaluate_now:
@@ -125,7 +130,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             if out_of_time:
                 logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
                 break
-            if stop.requested:
+            if stop_requested:
                 logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
                 break
     finally:

@@ -3,7 +3,8 @@
 Both trainers share `step.train_step` and the same interface, so the loop does not branch:
 `init_state`, `put_batch` (host batch -> device batch), `step`, `to_checkpoint` /
 `from_checkpoint` (the state orbax sees), and `local_params` (an unsharded copy on this
-process's first device, for evaluation and decoding).
+process's first device, for evaluation and decoding). `step_fn` is the jitted (or pmapped)
+function itself, for inspection: bench/scaling.py lowers it to count its collectives.
 """
 
 from __future__ import annotations
@@ -45,26 +46,31 @@ class MeshTrainer:
         self.label_smoothing = label_smoothing
         self.shardings = None  # known once the state's shapes are (init_state)
 
-    def init_state(self, rng, batch):
-        """The train state created directly in its shards (no device ever holds all of it)."""
-        create = functools.partial(step_lib.create_state, self.model, self.tx, batch=batch)
-        abstract = jax.eval_shape(create, rng)
+    def abstract_state(self, rng, batch):
+        """Shapes, dtypes and shardings of the train state (nothing computed); sets up `step_fn`."""
+        abstract = jax.eval_shape(functools.partial(step_lib.create_state, self.model, self.tx, batch=batch), rng)
         self.shardings = sharding.state_shardings(abstract, self.mesh, self.shard_embeddings)
         replicated = sharding.replicated(self.mesh)
-        self._step = jax.jit(
+        self.step_fn = jax.jit(
             functools.partial(step_lib.train_step, label_smoothing=self.label_smoothing),
             in_shardings=(self.shardings, sharding.batch_sharding(self.mesh), replicated),
             out_shardings=(self.shardings, replicated), donate_argnums=0,
         )
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.shardings)
+
+    def init_state(self, rng, batch):
+        """The train state created directly in its shards (no device ever holds all of it)."""
+        abstract = self.abstract_state(rng, batch)
         for line in sharding.describe(abstract.params, self.shardings.params, _kv_heads(self.model), self.mesh):
             logging.info("%s", line)
-        return jax.jit(create, in_shardings=replicated, out_shardings=self.shardings)(rng)
+        create = functools.partial(step_lib.create_state, self.model, self.tx, batch=batch)
+        return jax.jit(create, in_shardings=sharding.replicated(self.mesh), out_shardings=self.shardings)(rng)
 
     def put_batch(self, batch: dict) -> dict:
         return sharding.put_batch(batch, self.mesh)
 
     def step(self, state, batch, rng):
-        return self._step(state, batch, rng)
+        return self.step_fn(state, batch, rng)
 
     def to_checkpoint(self, state):
         return state
@@ -85,7 +91,7 @@ class PmapTrainer:
         self.devices = list(devices if devices is not None else jax.local_devices())
         self.model, self.tx = model, tx
         self.data_shards = len(self.devices)
-        self._step = jax.pmap(
+        self.step_fn = jax.pmap(
             functools.partial(step_lib.train_step, label_smoothing=label_smoothing, axis_name=PMAP_AXIS),
             axis_name=PMAP_AXIS, in_axes=(0, 0, None), devices=self.devices, donate_argnums=0,
         )
@@ -101,7 +107,7 @@ class PmapTrainer:
         return {k: (a := sharding.pad_rows(np.asarray(v), n)).reshape(n, a.shape[0] // n, *a.shape[1:]) for k, v in batch.items()}
 
     def step(self, state, batch, rng):
-        state, metrics = self._step(state, batch, rng)
+        state, metrics = self.step_fn(state, batch, rng)
         return state, jax.tree.map(lambda x: x[0], metrics)
 
     def to_checkpoint(self, state):
