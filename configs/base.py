@@ -3,6 +3,7 @@
     pip install -e ".[wmt]"   # the tfds WMT builders need TensorFlow
     python train.py --config configs/base.py --workdir runs/base
     python eval.py --workdir runs/base --split test --beam_size 4      # newstest2014
+    python train.py --config configs/base.py --workdir runs/base --config.mesh.data=-1   # all devices, data parallel
 
 d_model 512, 6+6 layers, 8 heads, d_ff 2048, dropout 0.1, label smoothing 0.1, Adam (0.9, 0.98,
 1e-9), peak lr (d_model * warmup)^-0.5 with 4000 warm-up steps, ~25k target tokens a batch,

@@ -1,6 +1,9 @@
 """Transformer-big (Vaswani et al. 2017) on WMT14 en->de: d_model 1024, 16 heads, d_ff 4096, dropout 0.3.
 
     python train.py --config configs/big.py --workdir runs/big
+    python train.py --config configs/big.py --workdir runs/big --config.mesh.data=-1 --config.mesh.model=4  # heads over 4 devices
+
+Multi-host (TPU pod slice, SLURM): the same command on every process, see README "Multi-device and multi-host training".
 """
 
 from configs import base

@@ -64,9 +64,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval.alpha = 0.6  # length penalty exponent
     config.eval.max_extra_length = 50  # output length limit = source length + this
 
+    config.parallelism = "jit"  # 'jit': the step jitted over the mesh below; 'pmap': data parallel over local devices
     config.mesh = ml_collections.ConfigDict()
-    config.mesh.data = 1
-    config.mesh.model = 1
+    config.mesh.data = 1  # batch shards (-1: the devices left over by mesh.model)
+    config.mesh.model = 1  # head / MLP-hidden shards, Megatron-style (-1: the devices left over by mesh.data)
+    config.mesh.shard_embeddings = False  # split the embedding table over `model` by vocabulary (else replicated)
+
+    config.distributed = ml_collections.ConfigDict()
+    config.distributed.initialize = "auto"  # jax.distributed: 'auto' (coordinator set, or a SLURM job of >1 task), 'always' (TPU pods), 'never'
+    config.distributed.coordinator_address = ""  # 'host:port' of process 0 ('': $JAX_COORDINATOR_ADDRESS or JAX's detection)
+    config.distributed.num_processes = 0  # 0: from the environment (SLURM, Cloud TPU)
+    config.distributed.process_id = -1  # -1: from the environment
 
     for key, value in _parse(arg).items():
         if key == "h":

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from models import TransformerConfig
-from training import data
+from training import data, distributed, sharding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+PARALLELISMS = ("jit", "pmap")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -33,8 +34,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
         value = config[field]
         _require(field, value, isinstance(value, int) and value > 0, "a positive int")
     _require("max_train_seconds", config.max_train_seconds, config.max_train_seconds >= 0, ">= 0 (0: no limit)")
-    _require("mesh.data", config.mesh.data, config.mesh.data == 1, "1 (sharding is not implemented yet)")
-    _require("mesh.model", config.mesh.model, config.mesh.model == 1, "1 (sharding is not implemented yet)")
+    _require("parallelism", config.parallelism, config.parallelism in PARALLELISMS, f"one of {PARALLELISMS}")
+    for field in ("data", "model"):
+        value = config.mesh[field]
+        _require(f"mesh.{field}", value, isinstance(value, int) and (value > 0 or value == -1), "a positive int or -1 (the rest)")
+    if config.parallelism == "pmap":
+        _require("mesh.model", config.mesh.model, config.mesh.model == 1, "1 with parallelism='pmap' (data parallel only)")
+    elif config.mesh.model > 0:
+        sharding.check_model_shards(config.mesh.model, config.model.num_heads, config.model.mlp_dim)
+    distributed.check(config.distributed)
 
 
 # Sections that shape the train state or its meaning; the rest (steps, logging, eval) may change on resume.

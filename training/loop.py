@@ -16,7 +16,7 @@ import numpy as np
 import tqdm
 
 from models import Transformer
-from training import checkpoints, config as config_lib, data, step as step_lib, tokenizer, translate
+from training import checkpoints, config as config_lib, data, distributed, parallel, step as step_lib, tokenizer, translate
 from training.batching import Batch, BatchSchedule, bucket_length
 from training.metrics import MetricsWriter
 
@@ -40,16 +40,27 @@ def as_arrays(batch: Batch) -> dict:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Train (resuming from the workdir's latest checkpoint) and return the last dev metrics."""
+    """Train (resuming from the workdir's latest checkpoint) and return the last dev metrics.
+
+    With several processes (`training.distributed`) every process runs this; the workdir must be
+    shared. Process 0 writes config.json, the vocabulary and the metrics; orbax writes the
+    checkpoints from all of them.
+    """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     config_lib.validate(config)
-    config_lib.check_resumable(config, workdir / "config.json")
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+
+    def record_config():
+        config_lib.check_resumable(config, workdir / "config.json")
+        if distributed.is_main():
+            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+
+    distributed.main_first("config", record_config)
     train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
     if config.data.train_limit:
         train = data.Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
-    vocab = tokenizer.load_or_train(workdir / "spm.model", train.src + train.tgt, config.data.vocab_size, config.seed)
+    vocab = distributed.main_first("vocabulary", lambda: tokenizer.load_or_train(
+        workdir / "spm.model", train.src + train.tgt, config.data.vocab_size, config.seed))
     model = build_model(config, vocab)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
 
@@ -62,30 +73,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
     rng_params, rng_dropout = jax.random.split(jax.random.key(config.seed))
     tx = step_lib.make_optimizer(config.optimizer)
-    state = step_lib.create_state(model, tx, rng_params, schedule.batch(0))
+    trainer = parallel.make_trainer(config, model, tx)
+    _log_batch_split(schedule, trainer.data_shards)
+    state = trainer.init_state(rng_params, schedule.batch(0))
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
-    restored, start = ckpts.restore_latest(state)
+    restored, start = ckpts.restore_latest(trainer.to_checkpoint(state))
     if restored is not None:
-        state = restored
+        state = trainer.from_checkpoint(restored)
         logging.info("resumed from step %d", start)
-    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    n_params = sum(x.size for x in jax.tree.leaves(trainer.to_checkpoint(state).params))
     logging.info("model parameters: %d", n_params)
 
-    train_step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=config.optimizer.label_smoothing), donate_argnums=0)
     eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
     writer = MetricsWriter(workdir, resume_step=start)
     learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
     stop = _StopFlag()
     dev_metrics: dict = {}
     window = _Window()
-    progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not sys.stderr.isatty())
+    progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
     started = time.monotonic()
     try:
         for step in range(start, config.num_train_steps):
             t0 = time.perf_counter()
             batch = schedule.batch(step)
             t1 = time.perf_counter()
-            state, metrics = train_step(state, as_arrays(batch), rng_dropout)
+            state, metrics = trainer.step(state, trainer.put_batch(as_arrays(batch)), rng_dropout)
             metrics = jax.device_get(metrics)  # also waits for the step: honest step times
             loss = float(metrics["loss"])
             if not math.isfinite(loss):
@@ -94,7 +106,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 )
             window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
             done = step + 1
-            out_of_time = bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds
+            out_of_time, stop_requested = distributed.agree(
+                bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
             last = done == config.num_train_steps or out_of_time
             progress.update()
             progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
@@ -104,20 +117,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 eta = (config.num_train_steps - done) * record["step_time_s"]
                 logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
             evaluate_now = done % config.eval_every_steps == 0 or last
-            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop.requested
+            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
             if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
                 _check_finite(state.params, done, workdir)
             if evaluate_now:
-                dev_metrics = evaluate(config, model, state.params, vocab, dev, dev_set, eval_step, done)
+                dev_metrics = evaluate(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
                 writer.write(dev_metrics)
                 logging.info("dev %s", dev_metrics)
-                ckpts.save_if_best(done, state, dev_metrics["loss"])
+                ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
             if checkpoint_now:
-                ckpts.save(done, state)
+                ckpts.save(done, trainer.to_checkpoint(state))
             if out_of_time:
                 logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
                 break
-            if stop.requested:
+            if stop_requested:
                 logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
                 break
     finally:
@@ -163,9 +176,21 @@ def evaluate(config, model, params, vocab, dev, batches, eval_step, step) -> dic
     return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": math.exp(nll), "bleu": bleu, "bleu_examples": n}
 
 
+def _log_batch_split(schedule, data_shards):
+    """Rows a batch and a data shard per bucket length (a batch's rows are padded to a multiple of the shards)."""
+    rows = {length: n for length, n, _ in schedule.buckets}
+    per_device = {length: -(-n // data_shards) for length, n in rows.items()}
+    logging.info("batch rows by bucket length %s; per data shard (%d shards) %s", rows, data_shards, per_device)
+
+
+@jax.jit
+def _all_finite(params):
+    return jax.numpy.all(jax.numpy.stack([jax.numpy.isfinite(x).all() for x in jax.tree.leaves(params)]))
+
+
 def _check_finite(params, step, workdir):
     """Never checkpoint a state that has gone non-finite: the last saved one stays the last good one."""
-    if not all(bool(jax.numpy.isfinite(x).all()) for x in jax.tree.leaves(params)):
+    if not bool(_all_finite(params)):
         raise NonFiniteLoss(
             f"parameters are not finite after step {step}; stopping. The last good checkpoint is kept in {workdir / 'checkpoints'}"
         )

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 from flax.training import train_state
 
 
@@ -47,18 +48,32 @@ def token_losses(logits, targets, weights, label_smoothing):
     return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
 
-def train_step(state, batch, rng, *, label_smoothing: float) -> tuple[Any, dict]:
-    """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout."""
+def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None) -> tuple[Any, dict]:
+    """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
+
+    The loss is the token-weighted mean over the global batch. Under `jax.jit` on a mesh the batch
+    is one global array and this needs nothing more. Under `jax.pmap` (`axis_name` set) each device
+    holds a slice: the token count is summed over devices first, so each device's loss is its share
+    of the global mean and the global gradient is the sum (`psum`) of the devices' gradients; their
+    dropout keys differ by device index.
+    """
     dropout_rng = jax.random.fold_in(rng, state.step)
+    count = jnp.sum(batch["weights"])
+    if axis_name is not None:
+        dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(axis_name))
+        count = lax.psum(count, axis_name)
+    denominator = jnp.maximum(count, 1.0)
 
     def loss_fn(params):
         logits = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True, rngs={"dropout": dropout_rng})
-        loss_sum, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing)
-        return loss_sum / jnp.maximum(count, 1.0), (nll_sum, count)
+        loss_sum, nll_sum, _ = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing)
+        return loss_sum / denominator, nll_sum
 
-    (loss, (nll_sum, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, nll_sum), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    if axis_name is not None:
+        loss, nll_sum, grads = lax.psum((loss, nll_sum, grads), axis_name)
     new_state = state.apply_gradients(grads=grads)
-    metrics = {"loss": loss, "nll": nll_sum / jnp.maximum(count, 1.0), "grad_norm": optax.tree.norm(grads), "tokens": count}
+    metrics = {"loss": loss, "nll": nll_sum / denominator, "grad_norm": optax.tree.norm(grads), "tokens": count}
     return new_state, metrics
 
 

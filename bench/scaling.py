@@ -1,0 +1,189 @@
+"""Communication in the compiled, sharded train step per device mesh (and, on a GPU, one-GPU step time).
+
+    python bench/scaling.py                  # CPU: 8 fake devices, meshes of 1, 2, 4, 8 (results/scaling.md)
+    python bench/scaling.py --gpu            # one GPU: base size, bfloat16, cudnn vs XLA attention
+
+Fake CPU devices share the machine's cores, so their step times say nothing about scaling.
+What the mesh changes, and what this script reports, is the collectives XLA put into the step
+(count and bytes of all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute,
+read from the compiled HLO; bytes are each op's result, per device) and the train state a
+device holds. The ratio column compares total collective bytes with pure data parallelism
+(model=1) on the same number of devices, compiled in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+if "--gpu" not in sys.argv:  # before JAX starts: the device count is fixed then
+    # LLVM -O0: the collectives are placed by XLA's HLO passes, before the LLVM back end; it only compiles faster
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import jax
+import numpy as np
+
+from configs import default
+from models import Transformer
+from training import config as config_lib, parallel, step as step_lib
+from training.batching import Batch
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+               "f64": 8, "s64": 8, "u64": 8}
+# `%name = <result type> op(` ; async pairs count once, at their -start
+_OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
+SIZES = {
+    "small": dict(d_model=256, num_heads=4, num_layers=3, mlp_dim=1024),  # configs/default.py
+    "base": dict(d_model=512, num_heads=8, num_layers=6, mlp_dim=2048),  # configs/base.py
+}
+
+
+def collectives(hlo: str) -> dict[str, tuple[int, int]]:
+    """{op: (count, result bytes)} over the compiled module's text."""
+    found = {op: [0, 0] for op in COLLECTIVES}
+    for match in _OP.finditer(hlo):
+        nbytes = sum(DTYPE_BYTES.get(m["dtype"], 4) * int(np.prod([int(d) for d in m["dims"].split(",") if d]))
+                     for m in _SHAPE.finditer(match["type"]))
+        found[match["op"]][0] += 1
+        found[match["op"]][1] += nbytes
+    return {op: tuple(v) for op, v in found.items()}
+
+
+def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"):
+    config = default.get_config()
+    config.model.update(num_kv_heads=kv_heads, **SIZES[size])
+    config.mesh.data, config.mesh.model, config.mesh.shard_embeddings = data, model, shard_embeddings
+    config.parallelism = parallelism
+    config_lib.validate(config)
+    return config
+
+
+def synthetic_batch(rows, length, vocab):
+    rng = np.random.default_rng(0)
+    tokens = lambda: rng.integers(4, vocab, (rows, length), dtype=np.int32)  # noqa: E731
+    return Batch(tokens(), tokens(), tokens(), np.ones((rows, length), np.float32))
+
+
+def state_bytes_per_device(state) -> int:
+    """Bytes of the train state one device holds (for pmap: all of it)."""
+    def nbytes(leaf):
+        shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
+        return int(np.prod(shape)) * leaf.dtype.itemsize
+    return sum(nbytes(leaf) for leaf in jax.tree.leaves(state))
+
+
+def measure(config, devices, rows, length):
+    """({collective: (count, bytes)}, state bytes per device) of the compiled step; the state is never computed."""
+    model = Transformer(config_lib.model_config(config, config.data.vocab_size))
+    trainer = parallel.make_trainer(config, model, step_lib.make_optimizer(config.optimizer), devices)
+    batch = synthetic_batch(rows, length, config.data.vocab_size)
+    arrays = trainer.put_batch({"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights})
+    if config.parallelism == "jit":
+        state = trainer.abstract_state(jax.random.key(0), batch)
+        per_device = state_bytes_per_device(state)
+    else:
+        state = trainer.init_state(jax.random.key(0), batch)
+        per_device = state_bytes_per_device(jax.eval_shape(lambda: trainer.to_checkpoint(state)))
+    hlo = trainer.step_fn.lower(state, arrays, jax.random.key(1)).compile().as_text()
+    return collectives(hlo), per_device
+
+
+def meshes(max_devices, num_heads):
+    for n in (1, 2, 4, 8):
+        if n <= max_devices:
+            for model in (1, 2, 4, 8):
+                if model <= n and model <= num_heads:
+                    yield n, n // model, model
+
+
+def cpu_tables(args):
+    devices = jax.devices()
+    rows = [f"jax {jax.__version__}, {len(devices)} fake CPU devices; size {args.size} ({SIZES[args.size]}), "
+            f"vocab {default.get_config().data.vocab_size}, global batch {args.rows} x {args.length}, float32", ""]
+    for kv_heads, shard_embeddings in args.variants:
+        heads = SIZES[args.size]["num_heads"]
+        rows += [f"### {heads} query heads, {kv_heads or heads} K/V heads, embeddings {'split over model' if shard_embeddings else 'replicated'}", "",
+                 "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather | reduce-scatter | other | total MB | vs model=1 |",
+                 "|---:|---|---:|---:|---|---|---|---|---:|---:|"]
+        reference = {}
+        for n, data, model in meshes(len(devices), heads):
+            if (kv_heads, shard_embeddings) != args.variants[0] and n != len(devices):
+                continue  # the variants on the full device count only
+            config = make_config(args.size, data, model, kv_heads, shard_embeddings)
+            found, state_bytes = measure(config, devices[:n], args.rows, args.length)
+            total = sum(b for _, b in found.values())
+            reference.setdefault(n, total)
+            other = [found[op] for op in ("all-to-all", "collective-permute")]
+            cell = lambda c, b: f"{c} / {b / 2**20:.2f} MB" if c else "0"  # noqa: E731
+            ratio = f"{total / reference[n]:.2f}x" if reference[n] else "-"
+            rows.append(f"| {n} | {data} x {model} | {-(-args.rows // data)} | {state_bytes / 2**20:.1f} | "
+                        f"{cell(*found['all-reduce'])} | {cell(*found['all-gather'])} | {cell(*found['reduce-scatter'])} | "
+                        f"{cell(sum(c for c, _ in other), sum(b for _, b in other))} | {total / 2**20:.2f} | {ratio} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+        rows.append("")
+    if args.pmap:
+        config = make_config(args.size, 1, 1, None, False, parallelism="pmap")
+        found, state_bytes = measure(config, devices, args.rows, args.length)
+        total = sum(b for _, b in found.values())
+        rows += [f"pmap over {len(devices)} devices (parallelism='pmap', MHA): all-reduce {found['all-reduce'][0]} ops / "
+                 f"{found['all-reduce'][1] / 2**20:.2f} MB, all collectives {total / 2**20:.2f} MB, state {state_bytes / 2**20:.1f} MB / device", ""]
+    return "\n".join(rows)
+
+
+def gpu_table(args):
+    """Single-GPU step time at Transformer-base size, bfloat16: cudnn attention against XLA's, same run."""
+    import functools
+    import statistics
+    import time
+
+    def seconds(impl):
+        config = make_config("base", 1, 1, None, False)
+        config.model.update(dtype="bfloat16", attention_impl=impl, dropout_rate=0.1)
+        model = Transformer(config_lib.model_config(config, config.data.vocab_size))
+        tx = step_lib.make_optimizer(config.optimizer)
+        batch = synthetic_batch(args.gpu_rows, args.length, config.data.vocab_size)
+        arrays = {"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights}
+        state = jax.jit(lambda r: step_lib.create_state(model, tx, r, batch))(jax.random.key(0))
+        step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
+        times = []
+        for i in range(args.reps + 2):  # the first two calls compile
+            start = time.perf_counter()
+            state, metrics = step(state, arrays, jax.random.key(1))
+            jax.block_until_ready(metrics["loss"])
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[2:])
+
+    device = jax.devices()[0]
+    results = {impl: seconds(impl) for impl in ("xla", "cudnn")}
+    tokens = args.gpu_rows * args.length
+    lines = [f"jax {jax.__version__}, {device.device_kind}; base size, bfloat16 compute, batch {args.gpu_rows} x {args.length}", "",
+             "| attention | step ms | target tokens/s | vs xla |", "|---|---:|---:|---:|"]
+    for impl, s in results.items():
+        lines.append(f"| {impl} | {s * 1e3:.1f} | {tokens / s:,.0f} | {results['xla'] / s:.2f}x |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--rows", type=int, default=32, help="global batch rows")
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--no-pmap", dest="pmap", action="store_false")
+    parser.add_argument("--gpu", action="store_true", help="time one GPU instead (needs a GPU)")
+    parser.add_argument("--gpu-rows", type=int, default=384, help="~25k target tokens at length 64, as Vaswani's batches")
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    # (kv heads, shard_embeddings): MHA; MHA with split embeddings; MQA (one K/V head, never split)
+    args.variants = [(None, False), (None, True), (1, False)]
+    print(gpu_table(args) if args.gpu else cpu_tables(args))
+
+
+if __name__ == "__main__":
+    main()
