@@ -28,9 +28,9 @@ import numpy as np
 from jax import lax
 
 Array = Any
-# Measured with `bench/attention.py --block-sweep` (results/attention_bench.md).
-DEFAULT_BLOCK_Q = 512
-DEFAULT_BLOCK_K = 512
+# Fastest of 128..512 square and mixed blocks at N = 2048 (bench/attention.py --blocks; results/attention_bench.md).
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 256
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
 
