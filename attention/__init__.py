@@ -1,6 +1,6 @@
 """headcount's attention: one-head scaled dot-product attention vmapped into MHA / GQA / MQA."""
 
-from attention.core import IMPLS, attend, dot_product_attention
+from attention.core import IMPLS, attend, choose_impl, dot_product_attention
 from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention
 from attention.masks import combine_masks, make_attention_mask, make_causal_mask, make_padding_mask
 
@@ -9,6 +9,7 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadDotProductAttention",
     "attend",
+    "choose_impl",
     "combine_masks",
     "dot_product_attention",
     "make_attention_mask",

@@ -7,19 +7,24 @@ Every `impl` computes the same function; they differ only in how XLA sees it:
   `in_axes=None` at the inner level, so GQA/MQA never materialise repeated K/V.
 * `"einsum"` -- the same algebra as one batched einsum pair over `[B, G, H/G, ...]`.
 * `"xla"` / `"cudnn"` -- `jax.nn.dot_product_attention` with that implementation.
+* `"blockwise"` -- `attention.blockwise`: query/key blocks, online softmax, a backward that
+  recomputes blocks; causal/window blocks outside the structure are skipped. O(N) memory.
+* `"auto"` -- `choose_impl`: cuDNN on GPU where it applies, blockwise for long sequences,
+  vmap for short ones (thresholds from `bench/attention.py`); the choice is logged once.
 
 Conventions shared by all paths: logits and softmax in float32 (at least), masked
 logits filled with `finfo(float32).min`, so a query row whose keys are *all* masked
 gets uniform weights over every key (its output is the mean of V) -- finite, and the
-same as Flax and `jax.nn`. Attention dropout (vmap/einsum only) draws its keep-mask
+same as Flax and `jax.nn`. Attention dropout (vmap/einsum) draws its keep-mask
 exactly as `flax.linen.dot_product_attention_weights` does, so the same `dropout_rng`
-gives the same result as Flax.
+gives the same result as Flax; blockwise draws it per block (same distribution, other draws).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 from typing import Any
 
@@ -27,10 +32,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from attention.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention
 from attention.masks import and_masks, check_mask_like, normalize_window, structure_mask
 
 Array = Any
-IMPLS = ("vmap", "einsum", "xla", "cudnn")
+IMPLS = ("vmap", "einsum", "xla", "cudnn", "blockwise", "auto")
+# impl="auto" on CPU: blockwise once Lq * Lk reaches this many logits per head (N = 1024
+# self-attention), vmap below. From bench/attention.py, see results/attention_bench.md.
+AUTO_BLOCKWISE_LOGITS = 1024 * 1024
 
 
 def dot_product_attention(
@@ -49,6 +58,8 @@ def dot_product_attention(
     dtype: Any = None,
     precision: Any = None,
     broadcast_dropout: bool = True,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
 ) -> Array:
     """Multi-head, grouped-query or multi-query attention.
 
@@ -65,6 +76,7 @@ def dot_product_attention(
         as in Flax (`broadcast_dropout` shares one keep-mask over batch and heads).
       dtype: computation dtype (default: promoted from the inputs).
       precision: `lax.Precision` (or its name) for the matmuls.
+      block_q, block_k: query / key block lengths of `impl="blockwise"` (clipped to Lq / Lk).
 
     Returns:
       `[batch..., Lq, H, Dv]` in `dtype`.
@@ -73,7 +85,8 @@ def dot_product_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
         local_window_size=local_window_size, impl=impl, dropout_rate=dropout_rate,
         dropout_rng=dropout_rng, deterministic=deterministic, dtype=dtype,
-        precision=precision, broadcast_dropout=broadcast_dropout,
+        precision=precision, broadcast_dropout=broadcast_dropout, block_q=block_q,
+        block_k=block_k,
     )
     return out
 
@@ -94,11 +107,14 @@ def attend(
     dtype: Any = None,
     precision: Any = None,
     broadcast_dropout: bool = True,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
     kv_heads_first: bool = False,
 ) -> tuple[Array, Array | None]:
     """`dot_product_attention` that also returns the weights `[batch..., H, Lq, Lk]`.
 
-    The weights are pre-dropout (what Flax sows) and None for the `jax.nn` backends.
+    The weights are pre-dropout (what Flax sows) and None for the `jax.nn` and blockwise
+    backends (and for "auto" when it picks one of them).
     Unused weights cost nothing under `jit`. `kv_heads_first=True` takes key/value as
     `[batch..., G, Lk, D]`, the layout of the decode cache, without transposing them.
     """
@@ -117,10 +133,28 @@ def attend(
     bias = None if bias is None else jnp.asarray(bias)
     check_mask_like("mask", mask, logits_shape, bool_dtype=True)
     check_mask_like("bias", bias, logits_shape, bool_dtype=False)
-    keep = _dropout_multiplier(
-        dropout_rate, dropout_rng, deterministic, broadcast_dropout, logits_shape, dtype
-    )
+    dropout = _dropout_active(dropout_rate, dropout_rng, deterministic)
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    if impl == "auto":
+        impl = choose_impl(Lq, Lk, dtype, Dk, value.shape[-1], dropout, bias is not None)
 
+    if impl == "blockwise":
+        grouped = [_group_heads(x, batch, G) for x in (mask, bias)]
+        if not kv_heads_first:
+            key, value = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
+        B = math.prod(batch)
+        out = blockwise_attention(
+            query.reshape(B, Lq, G, H // G, Dk), key.reshape(B, G, Lk, Dk),
+            value.reshape(B, G, Lk, value.shape[-1]), *grouped, is_causal=is_causal,
+            window=window, block_q=block_q, block_k=block_k,
+            dropout_rate=dropout_rate if dropout else 0.0, dropout_rng=dropout_rng if dropout else None,
+            broadcast_dropout=broadcast_dropout, precision=precision,
+        )
+        return out.astype(dtype).reshape(*batch, Lq, H, value.shape[-1]), None
+
+    keep = _dropout_multiplier(dropout, dropout_rate, dropout_rng, broadcast_dropout, logits_shape, dtype)
     if impl in ("xla", "cudnn"):
         if keep is not None:
             raise ValueError(
@@ -168,14 +202,52 @@ def _check_shapes(query, key, value, kv_heads_first):
     return batch, (Lq, H, Dk), (G, Lk)
 
 
-def _dropout_multiplier(rate, rng, deterministic, broadcast, logits_shape, dtype):
-    """Keep-mask / keep_prob, drawn as Flax draws it; None when dropout is off."""
+def choose_impl(
+    query_length: int,
+    key_length: int,
+    dtype: Any,
+    key_dim: int,
+    value_dim: int,
+    dropout: bool,
+    has_bias: bool,
+) -> str:
+    """What `impl="auto"` runs: cuDNN on GPU where it applies, else blockwise or vmap by size."""
+    long = query_length * key_length >= AUTO_BLOCKWISE_LOGITS
+    if jax.default_backend() == "gpu":
+        cudnn_ok = (
+            jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+            and key_dim == value_dim and key_dim <= 128 and key_dim % 8 == 0
+            and not dropout and not has_bias
+        )
+        if cudnn_ok:
+            return _log_choice("cudnn", "GPU, half precision, head dim <= 128, no dropout or bias")
+    if long:
+        return _log_choice("blockwise", f"Lq * Lk >= {AUTO_BLOCKWISE_LOGITS}")
+    return _log_choice("vmap", f"Lq * Lk < {AUTO_BLOCKWISE_LOGITS}")
+
+
+@functools.cache
+def _log_choice(impl, reason):
+    """Log each distinct choice of impl="auto" once per process."""
+    logging.getLogger(__name__).info("attention impl='auto' uses %r (%s)", impl, reason)
+    return impl
+
+
+def _dropout_active(rate, rng, deterministic):
+    """Validate the dropout arguments; True when dropout acts."""
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
     if deterministic or rate == 0.0:
-        return None
+        return False
     if rng is None:
         raise ValueError("dropout_rng is required when deterministic=False and dropout_rate > 0")
+    return True
+
+
+def _dropout_multiplier(active, rate, rng, broadcast, logits_shape, dtype):
+    """Keep-mask / keep_prob, drawn as Flax draws it; None when dropout is off."""
+    if not active:
+        return None
     keep_prob = 1.0 - rate
     shape = (1,) * (len(logits_shape) - 2) + logits_shape[-2:] if broadcast else logits_shape
     keep = jax.random.bernoulli(rng, keep_prob, shape)

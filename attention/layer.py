@@ -31,6 +31,8 @@ class MultiHeadAttention(nn.Module):
     Attributes are Flax's `MultiHeadDotProductAttention` attributes plus:
       num_kv_heads: key/value heads G (default `num_heads`); must divide `num_heads`.
       impl: attention computation, one of `attention.IMPLS` (ignored if `attention_fn` is set).
+        With `sow_weights=True`, "auto" runs "vmap" (the weights are needed).
+      block_sizes: `(block_q, block_k)` of `impl="blockwise"` (default: the library's).
       fused_qkv: project q, k and v with one `[D, H + 2G, Dk]` GEMM (`qkv` parameter);
         self-attention only.
       out_kernel_init: init of W^O, e.g. scaled down with depth (GPT-2 style).
@@ -43,7 +45,8 @@ class MultiHeadAttention(nn.Module):
     Decoding (`decode=True`): `init` with the full-length input sizes the cache; each
     later call appends its L_new >= 1 keys/values at `cache_index` and attends causally:
     a query at absolute position p sees cached positions <= p (so `is_causal` is implied).
-    The cache holds only the G KV heads, laid out `[batch..., G, max_length, Dk]`.
+    The cache holds only the G KV heads, laid out `[batch..., G, max_length, Dk]`; jit the
+    step with the cache donated and XLA writes the new entries into the same buffer.
     Writing past `max_length` is not checked inside `jit` (positions clamp, as in Flax).
     """
 
@@ -74,6 +77,7 @@ class MultiHeadAttention(nn.Module):
     num_kv_heads: int | None = None
     impl: str = "vmap"
     fused_qkv: bool = False
+    block_sizes: tuple[int, int] | None = None
 
     @nn.compact
     def __call__(
@@ -125,13 +129,15 @@ class MultiHeadAttention(nn.Module):
                 query, key, value, mask, is_causal, kv_heads_first, deterministic, dropout_rng, sow_weights
             )
         else:
-            if sow_weights and self.impl in ("xla", "cudnn"):
+            impl = "vmap" if sow_weights and self.impl == "auto" else self.impl
+            if sow_weights and impl in ("xla", "cudnn", "blockwise"):
                 raise ValueError(
-                    f"sow_weights=True needs the attention weights, which impl={self.impl!r} "
-                    "does not expose; use impl='vmap' or 'einsum'"
+                    f"sow_weights=True needs the attention weights, which impl={impl!r} "
+                    "does not expose; use impl='vmap', 'einsum' or 'auto'"
                 )
+            blocks = {} if self.block_sizes is None else dict(zip(("block_q", "block_k"), self.block_sizes))
             x, weights = attend(
-                query, key, value, mask=mask, is_causal=is_causal, impl=self.impl,
+                query, key, value, mask=mask, is_causal=is_causal, impl=impl, **blocks,
                 dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
                 deterministic=deterministic, broadcast_dropout=self.broadcast_dropout,
                 dtype=self.dtype, precision=self.precision, kv_heads_first=kv_heads_first,

@@ -1,17 +1,29 @@
-"""Attention speed: every `impl`, a Python loop over heads, against `jax.nn` (XLA) in the same run.
+"""Attention speed and memory: every `impl` against `jax.nn` (XLA) measured in the same run.
 
-    taskset -c 0 python bench/attention.py            # the README table (one core)
-    python bench/attention.py --shapes 8,128,8,64,8 --reps 3
+    taskset -c 1 python bench/attention.py --reps 3              # the README speed table
+    taskset -c 1 python bench/attention.py --shapes 1,2048,8,64,8 --blocks 256x256 512x512
+    taskset -c 1 python bench/attention.py --memory 8192 16384   # peak memory, fresh process per point
 
-Prints a markdown table: median milliseconds of the jitted forward and forward+backward
-(gradients w.r.t. q, k, v) for each formulation, and the ratio to
-`jax.nn.dot_product_attention(implementation="xla")` on the same shape (lower is faster).
+Speed: a markdown table of median milliseconds of the jitted forward and forward+backward
+(gradients w.r.t. q, k, v), causal and not, for each formulation, with the ratio to
+`jax.nn.dot_product_attention(implementation="xla")` on the same shape (lower is faster) and,
+when `torch` is installed, to `torch.nn.functional.scaled_dot_product_attention` on the same
+core. `--clock cpu` (default) times with the process's CPU time, which on a core shared with
+other jobs counts only this process's work; `--clock wall` times wall-clock.
+
+Memory: each (formulation, N, causal) point runs one forward+backward in a fresh Python
+process and reports its peak resident set (`ru_maxrss`), and the same process's peak before
+the computation (imports and inputs). Dense formulations are not run past N = 8192 (they need
+O(N^2) memory: about 24 GiB at 16384).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +33,7 @@ if __package__ in (None, ""):  # run as a file, bench/ would shadow the `attenti
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import attention
 
@@ -28,81 +41,205 @@ import attention
 DEFAULT_SHAPES = (
     (8, 128, 8, 64, 8),
     (4, 512, 8, 64, 8),
+    (2, 1024, 8, 64, 8),  # not in the issue's list: where impl="auto" switches
     (1, 2048, 8, 64, 8),
-    (4, 512, 8, 64, 2),
-    (4, 512, 8, 64, 1),
+    (1, 4096, 8, 64, 8),
+    (1, 8192, 8, 64, 8),
 )
+IMPLS = ("vmap", "einsum", "blockwise", "auto", "xla")
+DEFAULT_IMPLS = ("vmap", "blockwise")  # einsum and xla track the reference (results/attention_bench.md)
+DENSE = ("reference", "vmap", "einsum", "xla")
+MAX_DENSE_MEMORY_N = 8192
 
 
-def reference(q, k, v):
-    return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+def formulation(name, causal, blocks=None):
+    """A function (q, k, v) -> out for a formulation name ("reference", an impl, "loop")."""
+    if name == "reference":
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+    if name == "loop":
+        return lambda q, k, v: head_loop(q, k, v, causal)
+    sizes = {} if blocks is None else dict(block_q=blocks[0], block_k=blocks[1])
+    return lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=causal, impl=name, **sizes)
 
 
-def head_loop(q, k, v):
+def head_loop(q, k, v, causal):
     """A Python loop over query heads: one single-head call each (unrolled under jit)."""
     group = q.shape[-2] // k.shape[-2]
     heads = [
         attention.dot_product_attention(
-            q[..., h : h + 1, :], k[..., h // group : h // group + 1, :], v[..., h // group : h // group + 1, :]
+            q[..., h : h + 1, :], k[..., h // group : h // group + 1, :],
+            v[..., h // group : h // group + 1, :], is_causal=causal,
         )
         for h in range(q.shape[-2])
     ]
     return jnp.concatenate(heads, axis=-2)
 
 
-def formulations():
-    yield "jax.nn xla (reference)", reference
-    for impl in ("vmap", "einsum", "xla"):
-        yield f"headcount {impl}", lambda q, k, v, impl=impl: attention.dot_product_attention(q, k, v, impl=impl)
-    yield "python loop over heads", head_loop
-
-
-def median_ms(fn, args, reps):
-    jax.block_until_ready(fn(*args))  # compile
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def bench_shape(shape, reps, dtype):
+def inputs(shape, dtype):
     B, N, H, D, G = shape
     keys = jax.random.split(jax.random.key(0), 4)
     q = jax.random.normal(keys[0], (B, N, H, D), dtype)
     k = jax.random.normal(keys[1], (B, N, G, D), dtype)
     v = jax.random.normal(keys[2], (B, N, G, D), dtype)
     cotangent = jax.random.normal(keys[3], (B, N, H, D), dtype)
-    rows = []
-    for name, fn in formulations():
-        forward = jax.jit(fn)
-        loss = lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v) * cotangent)
-        backward = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        rows.append((name, median_ms(forward, (q, k, v), reps), median_ms(backward, (q, k, v), reps)))
-    return rows
+    return q, k, v, cotangent
+
+
+def median_ms(fn, args, reps, clock):
+    jax.block_until_ready(fn(*args))  # compile and warm up
+    times = []
+    for _ in range(reps):
+        start = clock()
+        jax.block_until_ready(fn(*args))
+        times.append((clock() - start) * 1e3)
+    return statistics.median(times)
+
+
+def jax_timings(fn, args, cotangent, reps, clock):
+    forward = jax.jit(fn)
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent.astype(jnp.float32))
+    backward = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    return median_ms(forward, args, reps, clock), median_ms(backward, args, reps, clock)
+
+
+def torch_timings(q, k, v, cotangent, causal, reps, clock):
+    """torch SDPA on the same inputs ([B, H, N, D] layout, one intra-op thread); None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[str(q.dtype)]
+    to_torch = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(dtype).transpose(1, 2).contiguous()
+    tq, tk, tv, tc = (to_torch(x) for x in (q, k, v, cotangent))
+    gqa = tq.shape[1] != tk.shape[1]
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    def forward():
+        with torch.no_grad():
+            sdpa(tq, tk, tv)
+
+    def forward_backward():
+        q_, k_, v_ = (x.detach().requires_grad_() for x in (tq, tk, tv))
+        torch.autograd.grad((sdpa(q_, k_, v_) * tc).sum(), (q_, k_, v_))
+
+    def timed(fn):
+        fn()
+        times = []
+        for _ in range(reps):
+            start = clock()
+            fn()
+            times.append((clock() - start) * 1e3)
+        return statistics.median(times)
+
+    return timed(forward), timed(forward_backward)
+
+
+def speed_table(shapes, names, blocks_list, reps, dtype, clock):
+    print("| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch | fwd+bwd vs torch |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for shape in shapes:
+        if "auto" not in names:
+            print(f"| {', '.join(map(str, shape))} | | impl='auto' picks {label_of('auto', None, shape, False, dtype)[18:-1]} | | | | | | |")
+        q, k, v, cotangent = inputs(shape, dtype)
+        for causal in (False, True):
+            torch_ms = torch_timings(q, k, v, cotangent, causal, reps, clock)
+            rows = [("reference", None)] + [(n, None) for n in names] + [("blockwise", b) for b in blocks_list]
+            ref = None
+            for name, blocks in rows:
+                times = jax_timings(formulation(name, causal, blocks), (q, k, v), cotangent, reps, clock)
+                ref = ref or times
+                label = label_of(name, blocks, shape, causal, dtype)
+                vs_torch = ("n/a", "n/a") if torch_ms is None else tuple(f"{t / r:.2f}" for t, r in zip(times, torch_ms))
+                print(
+                    f"| {', '.join(map(str, shape))} | {causal} | {label} | {times[0]:.1f} | {times[0] / ref[0]:.2f} "
+                    f"| {times[1]:.1f} | {times[1] / ref[1]:.2f} | {vs_torch[0]} | {vs_torch[1]} |",
+                    flush=True,
+                )
+            if torch_ms is not None:
+                print(
+                    f"| {', '.join(map(str, shape))} | {causal} | torch SDPA | {torch_ms[0]:.1f} | {torch_ms[0] / ref[0]:.2f} "
+                    f"| {torch_ms[1]:.1f} | {torch_ms[1] / ref[1]:.2f} | 1.00 | 1.00 |",
+                    flush=True,
+                )
+
+
+def label_of(name, blocks, shape, causal, dtype):
+    if name == "reference":
+        return "jax.nn xla (reference)"
+    if name == "loop":
+        return "python loop over heads"
+    if blocks is not None:
+        return f"headcount blockwise {blocks[0]}x{blocks[1]}"
+    if name == "auto":
+        _, N, _, D, _ = shape
+        return f"headcount auto (= {attention.choose_impl(N, N, dtype, D, D, False, False)})"
+    return f"headcount {name}"
+
+
+def memory_point(name, N, causal, dtype):
+    """Child process: one jitted forward+backward at (1, N, 8, 64); print peak RSS in bytes."""
+    q, k, v, cotangent = inputs((1, N, 8, 64, 8), jnp.dtype(dtype))
+    jax.block_until_ready((q, k, v, cotangent))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    fn = formulation(name, causal)
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent.astype(jnp.float32))
+    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"before": before, "peak": peak}))
+
+
+def memory_table(lengths, names, dtype):
+    print("| formulation | N | causal | peak RSS GiB | before the computation GiB | peak - before GiB |")
+    print("|---|---:|---|---:|---:|---:|")
+    for N in lengths:
+        for causal in (False, True):
+            for name in ["reference", *names]:
+                label = "jax.nn xla (reference)" if name == "reference" else f"headcount {name}"
+                dense = name in DENSE or (name == "auto" and attention.choose_impl(N, N, dtype, 64, 64, False, False) != "blockwise")
+                if dense and N > MAX_DENSE_MEMORY_N:
+                    print(f"| {label} | {N} | {causal} | not run (dense: O(N²) memory) | | |", flush=True)
+                    continue
+                command = [sys.executable, __file__, "--memory-point", name, str(N), str(causal), dtype]
+                result = subprocess.run(command, capture_output=True, text=True, check=True)
+                usage = json.loads(result.stdout.strip().splitlines()[-1])
+                gib = lambda b: b / 2**30
+                print(
+                    f"| {label} | {N} | {causal} | {gib(usage['peak']):.2f} | {gib(usage['before']):.2f} "
+                    f"| {gib(usage['peak'] - usage['before']):.2f} |",
+                    flush=True,
+                )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", help="B,N,H,Dk,G tuples (default: the README's)")
-    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per point (median)")
+    parser.add_argument("--impls", nargs="*", default=list(DEFAULT_IMPLS), help=f"formulations besides the reference: {IMPLS} and 'loop'")
+    parser.add_argument("--blocks", nargs="*", default=[], help="extra blockwise rows with these block sizes, e.g. 256x256")
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--memory", nargs="*", type=int, help="peak-memory table at these N instead of the speed table")
+    parser.add_argument("--memory-point", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_point:
+        name, N, causal, dtype = args.memory_point
+        return memory_point(name, int(N), causal == "True", dtype)
+    dtype = jnp.dtype(args.dtype)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.dtype}, ", end="")
+    if args.memory:
+        print("one forward+backward per fresh process\n")
+        return memory_table(args.memory, args.impls, args.dtype)
+    try:
+        import torch
+        torch_note = f"torch {torch.__version__} (1 thread)"
+    except ImportError:
+        torch_note = "torch not installed (vs-torch columns n/a)"
+    print(f"median of {args.reps}, {args.clock} clock, {torch_note}\n")
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.dtype}, median of {args.reps}\n")
-    print("| B, N, H, Dk, G | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |")
-    print("|---|---|---:|---:|---:|---:|")
-    for shape in shapes:
-        rows = bench_shape(shape, args.reps, jnp.dtype(args.dtype))
-        ref_fwd, ref_bwd = rows[0][1], rows[0][2]
-        for name, fwd, bwd in rows:
-            print(
-                f"| {', '.join(map(str, shape))} | {name} | {fwd:.2f} | {fwd / ref_fwd:.2f} "
-                f"| {bwd:.2f} | {bwd / ref_bwd:.2f} |",
-                flush=True,
-            )
+    blocks = [tuple(int(x) for x in b.split("x")) for b in args.blocks]
+    speed_table(shapes, args.impls, blocks, args.reps, dtype, clock)
 
 
 if __name__ == "__main__":

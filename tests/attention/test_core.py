@@ -9,7 +9,7 @@ import pytest
 import attention
 import reference
 
-COMPUTED_IMPLS = ("vmap", "einsum", "xla")  # cudnn needs a GPU
+COMPUTED_IMPLS = ("vmap", "einsum", "xla", "blockwise")  # cudnn needs a GPU; auto is one of these
 
 
 def random_qkv(batch=(2,), lq=5, lk=7, heads=4, kv_heads=2, dk=8, dv=8, seed=0):

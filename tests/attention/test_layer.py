@@ -1,5 +1,7 @@
 """`attention.MultiHeadAttention` against Flax's own module, NumPy and the design documents' worked example."""
 
+import warnings
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -134,6 +136,47 @@ def test_decode_equals_the_full_causal_pass(kv_heads, chunks):
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
 
 
+def test_blockwise_prefill_and_decode_equal_the_full_pass():
+    """Blocks (2, 4) do not divide the 6 positions; the cache path masks by position, not by flag."""
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, decode=True, impl="blockwise", block_sizes=(2, 4))
+    x = inputs()
+    variables = layer.init(KEY, x)
+    full = layer.clone(decode=False, impl="vmap").apply({"params": variables["params"]}, x, is_causal=True)
+    np.testing.assert_allclose(layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True), full, atol=1e-5)
+    cache, outs, start = variables["cache"], [], 0
+    for size in (4, 1, 1):
+        out, updated = layer.apply({"params": variables["params"], "cache": cache}, x[:, start : start + size], mutable=["cache"])
+        cache, start = updated["cache"], start + size
+        outs.append(out)
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
+def test_donated_decode_step_writes_the_cache_in_place():
+    """Under jit with the cache donated, XLA aliases it to the updated cache (else JAX warns and copies)."""
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, decode=True)
+    variables = layer.init(KEY, inputs((2, 8, 16)))
+
+    def step(cache, token):
+        return layer.apply({"params": variables["params"], "cache": cache}, token, mutable=["cache"])
+
+    step = jax.jit(step, donate_argnums=0)
+    cache = variables["cache"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Some donated buffers were not usable" would fail here
+        _, updated = step(cache, inputs((2, 1, 16)))
+    assert cache["cached_key"].is_deleted() and cache["cached_value"].is_deleted()
+    assert int(updated["cache"]["cache_index"]) == 1
+
+
+def test_auto_impl_sows_weights_through_vmap():
+    layer = attention.MultiHeadAttention(num_heads=4, impl="auto")
+    x = inputs()
+    params = layer.init(KEY, x)
+    _, state = layer.apply(params, x, sow_weights=True, mutable=["intermediates"])
+    _, expected = layer.clone(impl="vmap").apply(params, x, sow_weights=True, mutable=["intermediates"])
+    np.testing.assert_allclose(state["intermediates"]["attention_weights"][0], expected["intermediates"]["attention_weights"][0])
+
+
 @pytest.mark.parametrize("impl", ["vmap", "einsum", "xla"])
 def test_gqa_layer_matches_numpy(impl):
     layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, impl=impl)
@@ -231,6 +274,7 @@ def test_bfloat16_layer_runs_with_float32_params():
         (dict(num_heads=4, impl="flash"), {}, "impl must be one of"),
         (dict(num_heads=4, fused_qkv=True), dict(inputs_k=inputs((2, 5, 16))), "fused_qkv=True"),
         (dict(num_heads=4, impl="xla"), dict(sow_weights=True), "sow_weights=True"),
+        (dict(num_heads=4, impl="blockwise"), dict(sow_weights=True), "sow_weights=True"),
         (dict(num_heads=4), dict(mask=np.ones((2, 1, 6, 6), np.float32)), "mask must have dtype bool"),
         (dict(num_heads=4), dict(mask=np.ones((2, 3, 6, 6), bool)), "does not broadcast"),
         (dict(num_heads=4), dict(head_mask=np.ones(4, np.int32)), "head_mask must be a float"),

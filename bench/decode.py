@@ -1,0 +1,93 @@
+"""Decode-step speed and KV-cache size: MHA, GQA and MQA against Flax's decode cache, same run.
+
+    taskset -c 1 python bench/decode.py                 # the README table
+    taskset -c 1 python bench/decode.py --lengths 1024 --reps 10
+
+One step is one jitted layer call on one new token per sequence (batch 8, d_model 512, 8 query
+heads, projections included) with the cache half full, its cache passed in and returned.
+"donated" jits the step with the cache donated (XLA writes the new key/value into the same
+buffer); "copied" jits it without donation (the whole cache is copied every step). The
+reference is `flax.linen.MultiHeadDotProductAttention(decode=True)` at the same batch, width and
+cache length, donated too; Flax's cache is `[B, L, H, Dk]` and has no GQA, so its row is MHA.
+Times are medians of the process's CPU time per step (`--clock wall` for wall-clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file, bench/ would shadow the `attention` package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import attention
+
+BATCH, WIDTH, HEADS = 8, 512, 8
+
+
+def cache_bytes(cache):
+    return sum(x.nbytes for name, x in cache.items() if name != "cache_index")
+
+
+def step_ms(layer, length, reps, donate, clock):
+    """Median time of one decode step at cache index length // 2; returns (ms, cache bytes)."""
+    x = jnp.ones((BATCH, length, WIDTH), jnp.float32)
+    variables = layer.init(jax.random.key(0), x)
+    params, cache = variables["params"], dict(variables["cache"])
+    cache["cache_index"] = jnp.array(length // 2, jnp.int32)
+    token = jax.random.normal(jax.random.key(1), (BATCH, 1, WIDTH))
+
+    def step(params, cache, token):
+        out, updated = layer.apply({"params": params, "cache": cache}, token, mutable=["cache"])
+        return out, dict(updated["cache"])
+
+    step = jax.jit(step, donate_argnums=(1,) if donate else ())
+    size = cache_bytes(cache)
+    for _ in range(2):  # compile and warm up
+        out, cache = step(params, cache, token)
+        jax.block_until_ready(out)
+    times = []
+    for _ in range(reps):
+        start = clock()
+        out, cache = step(params, cache, token)
+        jax.block_until_ready((out, cache))
+        times.append((clock() - start) * 1e3)
+    return statistics.median(times), size
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    args = parser.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
+          f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n")
+    print("| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied | copied / donated |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    layers = [("flax MultiHeadDotProductAttention (reference)", HEADS, nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True))]
+    for name, kv_heads in (("MHA", HEADS), ("GQA", 2), ("MQA", 1)):
+        layers.append((f"headcount {name}", kv_heads, attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=kv_heads, decode=True)))
+    for length in args.lengths:
+        reference = None
+        for name, kv_heads, layer in layers:
+            donated, size = step_ms(layer, length, args.reps, True, clock)
+            copied, _ = step_ms(layer, length, args.reps, False, clock)
+            reference = reference or donated
+            print(
+                f"| {name} | {kv_heads} | {length} | {size / 2**20:.1f} | {donated:.3f} | {donated / reference:.3f} "
+                f"| {copied:.3f} | {copied / donated:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
