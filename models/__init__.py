@@ -2,6 +2,7 @@
 
 from models.decoding import beam_search, greedy_decode, init_cache, length_penalty
 from models.transformer import (
+    HEAD_MASK_KEYS,
     Decoder,
     DecoderLayer,
     Encoder,
@@ -13,6 +14,7 @@ from models.transformer import (
 )
 
 __all__ = [
+    "HEAD_MASK_KEYS",
     "Decoder",
     "DecoderLayer",
     "Encoder",

@@ -113,6 +113,30 @@ def _check_tokens(name, tokens, config):
         raise ValueError(f"{name} has length {tokens.shape[1]} > config.max_len ({config.max_len})")
 
 
+HEAD_MASK_KEYS = ("encoder_self", "decoder_self", "decoder_cross")
+
+
+def _check_head_mask(head_mask, config) -> dict:
+    """{} or the head_mask dict, after checking its keys and leading [num_layers, ..., H] shape."""
+    if head_mask is None:
+        return {}
+    unknown = set(head_mask) - set(HEAD_MASK_KEYS)
+    if unknown:
+        raise ValueError(f"head_mask keys must be among {HEAD_MASK_KEYS}, got {sorted(unknown)}")
+    for key, gates in head_mask.items():
+        shape = jnp.shape(gates)
+        if len(shape) < 2 or shape[0] != config.num_layers or shape[-1] != config.num_heads:
+            raise ValueError(
+                f"head_mask[{key!r}] has shape {shape}; expected [num_layers={config.num_layers}, "
+                f"(batch,) num_heads={config.num_heads}]"
+            )
+    return dict(head_mask)
+
+
+def _row(gates, layer):
+    return None if gates is None else gates[layer]
+
+
 def _out_kernel_init(config):
     """None (the layer's default) or the default init scaled by 1/sqrt(2 num_layers)."""
     if not config.scale_out_init:
@@ -173,10 +197,16 @@ class EncoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, src_mask, train=False):
-        """x: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool (True = real key). Returns [B, Ls, D]."""
+    def __call__(self, x, src_mask, train=False, head_mask=None, sow_weights=False):
+        """x: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool (True = real key). Returns [B, Ls, D].
+
+        head_mask: None or float `[H]` / `[B, H]` gates on the heads' outputs; sow_weights: sow
+        the attention weights (see `attention.MultiHeadAttention`).
+        """
         cfg = self.config
-        x = _residual(cfg, lambda h: _attention(cfg, train, "self_attention")(h, mask=src_mask), x, train, "ln_self")
+        attend = lambda h: _attention(cfg, train, "self_attention")(
+            h, mask=src_mask, head_mask=head_mask, sow_weights=sow_weights)
+        x = _residual(cfg, attend, x, train, "ln_self")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), x, train, "ln_mlp")
 
 
@@ -186,13 +216,19 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, y, encoded, src_mask, train=False, decode=False):
-        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D]."""
+    def __call__(self, y, encoded, src_mask, train=False, decode=False,
+                 self_head_mask=None, cross_head_mask=None, sow_weights=False):
+        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D].
+
+        self_head_mask / cross_head_mask: None or float `[H]` / `[B, H]` gates per attention.
+        """
         cfg = self.config
         self_attention = _attention(cfg, train, "self_attention", decode=decode)
         cross_attention = _attention(cfg, train, "cross_attention")
-        y = _residual(cfg, lambda h: self_attention(h, is_causal=True), y, train, "ln_self")
-        y = _residual(cfg, lambda h: cross_attention(h, encoded, mask=src_mask), y, train, "ln_cross")
+        y = _residual(cfg, lambda h: self_attention(
+            h, is_causal=True, head_mask=self_head_mask, sow_weights=sow_weights), y, train, "ln_self")
+        y = _residual(cfg, lambda h: cross_attention(
+            h, encoded, mask=src_mask, head_mask=cross_head_mask, sow_weights=sow_weights), y, train, "ln_cross")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), y, train, "ln_mlp")
 
 
@@ -203,13 +239,13 @@ class Encoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, src_tokens, train=False):
-        """src_tokens: [B, Ls] int32. Returns [B, Ls, D]."""
+    def __call__(self, src_tokens, train=False, head_mask=None, sow_weights=False):
+        """src_tokens: [B, Ls] int32; head_mask: None or `[num_layers, H]` / `[num_layers, B, H]`. Returns [B, Ls, D]."""
         cfg = self.config
         x = _embed(cfg, self.embed, src_tokens, jnp.arange(src_tokens.shape[1]), train)
         src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
         for i in range(cfg.num_layers):
-            x = EncoderLayer(cfg, name=f"layer_{i}")(x, src_mask, train)
+            x = EncoderLayer(cfg, name=f"layer_{i}")(x, src_mask, train, _row(head_mask, i), sow_weights)
         return _final_norm(cfg, x)
 
 
@@ -220,13 +256,18 @@ class Decoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
-        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32."""
+    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False,
+                 self_head_mask=None, cross_head_mask=None, sow_weights=False):
+        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32.
+
+        self_head_mask / cross_head_mask: None or `[num_layers, H]` / `[num_layers, B, H]`.
+        """
         cfg = self.config
         y = _embed(cfg, self.embed, tgt_in_tokens, self._positions(tgt_in_tokens.shape[1], decode), train)
         src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
         for i in range(cfg.num_layers):
-            y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, src_mask, train, decode)
+            y = DecoderLayer(cfg, name=f"layer_{i}")(
+                y, encoded, src_mask, train, decode, _row(self_head_mask, i), _row(cross_head_mask, i), sow_weights)
         y = _final_norm(cfg, y)
         if cfg.tie_embeddings:
             logits = self.embed.attend(y)
@@ -266,25 +307,36 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg, self.embed)
         self.decoder = Decoder(cfg, self.embed)
 
-    def encode(self, src_tokens, train=False):
-        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D]."""
-        _check_tokens("src_tokens", src_tokens, self.config)
-        return self.encoder(src_tokens, train)
+    def encode(self, src_tokens, train=False, head_mask=None, sow_weights=False):
+        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D].
 
-    def decode(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
+        head_mask: None or a dict of `HEAD_MASK_KEYS` gates (only "encoder_self" is used here).
+        """
+        _check_tokens("src_tokens", src_tokens, self.config)
+        gates = _check_head_mask(head_mask, self.config)
+        return self.encoder(src_tokens, train, gates.get("encoder_self"), sow_weights)
+
+    def decode(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False, head_mask=None, sow_weights=False):
         """Logits [B, Lt, vocab] float32 for the next token after each of `tgt_in_tokens` [B, Lt].
 
         encoded: [B, Ls, D] from `encode`; src_tokens: [B, Ls] (for the cross-attention padding
         mask). decode=True appends to the `cache` collection (apply with mutable=['cache']).
+        head_mask: None or a dict of `HEAD_MASK_KEYS` gates ("decoder_self", "decoder_cross" used here).
         """
         _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
-        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode)
+        gates = _check_head_mask(head_mask, self.config)
+        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode,
+                            gates.get("decoder_self"), gates.get("decoder_cross"), sow_weights)
 
-    def __call__(self, src_tokens, tgt_in_tokens, train=False):
+    def __call__(self, src_tokens, tgt_in_tokens, train=False, head_mask=None, sow_weights=False):
         """src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt] (bos_id, then the target shifted right).
 
         Returns logits [B, Lt, vocab] float32; target padding needs no mask here (the
         self-attention is causal and pads come last), only in the loss.
+        head_mask: None or {"encoder_self" | "decoder_self" | "decoder_cross": float gates
+        `[num_layers, H]` or `[num_layers, B, H]`}, multiplying each head's output before W^O
+        (0 ablates a head; the gradient w.r.t. a gate is Michel et al.'s head importance).
+        sow_weights: sow every layer's attention weights `[B, H, Lq, Lk]` into `intermediates`.
         """
-        encoded = self.encode(src_tokens, train)
-        return self.decode(encoded, src_tokens, tgt_in_tokens, train)
+        encoded = self.encode(src_tokens, train, head_mask, sow_weights)
+        return self.decode(encoded, src_tokens, tgt_in_tokens, train, head_mask=head_mask, sow_weights=sow_weights)

@@ -1,0 +1,178 @@
+"""MHA -> GQA/MQA uptraining (Ainslie et al. 2023): convert a trained checkpoint's K/V heads, train on.
+
+Each group of H/G consecutive query heads shares one KV head (the grouping of
+`attention.dot_product_attention`). Conversion methods for the group's K and V projections
+(kernels `[D, H, Dk]` -> `[D, G, Dk]`, biases `[H, Dk]` -> `[G, Dk]`):
+  mean   -- the mean of the group's heads (the paper's method);
+  first  -- the group's first head;
+  random -- a fresh initialisation, as the GQA model's own `init` draws it;
+  mha    -- no conversion: the MHA model trained for the same steps (the extra-training control).
+The optimizer state goes along: Adam's moments are mean-pooled / taken from the first head like
+the parameters (zeros for random), and the step counters are kept, so the learning-rate schedule
+and bias correction continue where the original run stopped. Training itself is the ordinary
+`training.loop.train_and_evaluate`, resumed from the converted state saved in a new workdir.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from analysis import workdir as workdir_lib
+from models import greedy_decode
+from training import checkpoints, evaluate, loop, step as step_lib
+from training.batching import BatchSchedule, bucket_length
+
+METHODS = ("mean", "first", "random", "mha")
+
+
+def convert_kv(tree, num_heads: int, num_kv_heads: int, how: str, fresh=None):
+    """`tree` (params, or optimizer state holding param-shaped moments) with every attention K/V leaf grouped.
+
+    how: "mean" | "first" | "zeros" | "fresh" (take the leaf at the same path in `fresh` params).
+    """
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+
+    def leaf(path, x):
+        names = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
+        if len(names) < 2 or names[-2] not in ("key", "value") or names[-1] not in ("kernel", "bias"):
+            return x
+        if x.shape[-2] != num_heads:
+            raise ValueError(f"{'/'.join(names)} has {x.shape[-2]} heads; expected num_heads={num_heads} (an MHA model)")
+        grouped = x.reshape(*x.shape[:-2], num_kv_heads, num_heads // num_kv_heads, x.shape[-1])
+        if how == "mean":
+            return grouped.mean(axis=-2)
+        if how == "first":
+            return grouped[..., 0, :]
+        if how == "zeros":
+            return jnp.zeros_like(grouped[..., 0, :])
+        if how == "fresh":
+            node = fresh
+            for name in names:
+                node = node[name]
+            return node
+        raise ValueError(f"how must be 'mean', 'first', 'zeros' or 'fresh', got {how!r}")
+
+    return jax.tree_util.tree_map_with_path(leaf, tree)
+
+
+def convert_state(state, num_heads: int, num_kv_heads: int, method: str, fresh_params=None):
+    """A train state with G KV heads from an MHA one (see the module docstring for `method`)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "mha":
+        return state
+    param_how, moment_how = {"mean": ("mean", "mean"), "first": ("first", "first"), "random": ("fresh", "zeros")}[method]
+    return state.replace(
+        params=convert_kv(state.params, num_heads, num_kv_heads, param_how, fresh_params),
+        opt_state=convert_kv(state.opt_state, num_heads, num_kv_heads, moment_how),
+    )
+
+
+def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *,
+            bleu_examples: int, overwrite: bool = False, seed: int = 0):
+    """Convert `workdir`'s latest checkpoint, train round(fraction x its step) steps in `out_dir`.
+
+    Returns (converted params before training, the new run's config, model, trained params, steps).
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    workdir, out_dir = Path(workdir), Path(out_dir)
+    config, vocab, model, _, _ = evaluate.load_run(workdir)
+    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+    state, start = ckpts.restore_latest(step_lib.abstract_state(model, config.optimizer))
+    ckpts.close()
+    heads = model.config.num_heads
+    if model.config.num_kv_heads not in (None, heads):
+        raise ValueError(f"{workdir} holds a model with num_kv_heads={model.config.num_kv_heads}; uptraining starts from MHA")
+    steps = max(1, round(fraction * start))
+
+    new_config = copy.deepcopy(config)
+    new_config.model.num_kv_heads = heads if method == "mha" else num_kv_heads
+    new_config.num_train_steps = start + steps
+    new_config.eval_every_steps = new_config.checkpoint_every_steps = start + steps  # evaluate and save at the end
+    new_config.log_every_steps = max(1, min(config.log_every_steps, steps))
+    new_config.eval.bleu_examples = bleu_examples
+    new_config.max_train_seconds = 0.0
+    new_model = loop.build_model(new_config, vocab)
+    tokens = jnp.ones((1, 2), jnp.int32)
+    fresh = new_model.init(jax.random.key(seed), tokens, tokens)["params"]
+    converted = convert_state(state, heads, new_config.model.num_kv_heads, method, fresh)
+
+    if out_dir.exists():
+        if not overwrite:
+            raise FileExistsError(f"{out_dir} exists; delete it or pass --overwrite")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    shutil.copy(workdir / "spm.model", out_dir / "spm.model")
+    out_ckpts = checkpoints.Checkpoints(out_dir, new_config.keep_checkpoints)
+    out_ckpts.save(start, converted)  # train_and_evaluate resumes from here
+    out_ckpts.close()
+    loop.train_and_evaluate(new_config, out_dir)
+    _, _, trained_model, trained, _ = evaluate.load_run(out_dir)
+    return converted.params, new_config, trained_model, trained, steps
+
+
+def decode_speed(model, params, src_ids, bucket_lengths, max_extra_length: int, repeats: int = 5) -> dict:
+    """Greedy decoding of one batch: {"tokens_per_s", "batch_s"} (median of `repeats` after a compile run).
+
+    Tokens are the generated ones up to and including each row's EOS.
+    """
+    length = bucket_length(max(len(s) for s in src_ids), bucket_lengths)
+    src = BatchSchedule.assemble(src_ids, [[] for _ in src_ids], len(src_ids), length).src
+    max_len = min(length + max_extra_length, model.config.max_len)
+    fn = jax.jit(lambda p, s: greedy_decode(model, p, s, max_len))
+    out = np.asarray(jax.block_until_ready(fn(params, src)))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(params, src))
+        times.append(time.perf_counter() - t0)
+    eos, pad = model.config.eos_id, model.config.pad_id
+    generated = sum((list(row).index(eos) + 1) if eos in row else int(np.sum(row != pad)) for row in out)
+    batch_s = float(np.median(times))
+    return {"tokens_per_s": generated / batch_s, "batch_s": batch_s}
+
+
+def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_size: int = 1,
+            speed_rows: int = 64, overwrite: bool = False) -> list[dict]:
+    """The uptraining table: the MHA model, then each method before and after uptraining.
+
+    Dev loss and BLEU are on `corpus`; decode speed is greedy on its first `speed_rows` sources,
+    the same batch for every model, as a ratio to the MHA model measured in this call.
+    """
+    src_ids = run.vocab.encode(list(corpus.src[:speed_rows]))
+    speed = lambda model, params: decode_speed(
+        model, params, src_ids, run.config.data.bucket_lengths, run.config.eval.max_extra_length)
+    config, vocab = run.config, run.vocab
+    ckpts = checkpoints.Checkpoints(run.workdir, config.keep_checkpoints)
+    mha_state, mha_step = ckpts.restore_latest(step_lib.abstract_state(run.model, config.optimizer))
+    ckpts.close()
+    heads = run.model.config.num_heads
+    base = {"heads": heads, **workdir_lib.scorer(config, vocab, run.model, corpus, beam_size)(mha_state.params),
+            **speed(run.model, mha_state.params)}
+    rows = [{"model": f"MHA step {mha_step}", "kv_heads": heads, "method": "-", "steps": 0, **base}]
+    for method in methods:
+        out_dir = run.out_dir / ("uptrain_mha_continue" if method == "mha" else f"uptrain_kv{num_kv_heads}_{method}")
+        before, new_config, model, after, steps = uptrain(
+            run.workdir, out_dir, num_kv_heads, method, fraction, bleu_examples=len(corpus), overwrite=overwrite)
+        score = workdir_lib.scorer(new_config, vocab, model, corpus, beam_size)
+        kv = model.config.num_kv_heads or heads
+        if method != "mha":
+            rows.append({"model": f"G={kv} {method}, converted", "kv_heads": kv, "method": method, "steps": 0,
+                         **score(before), **speed(model, before)})
+        rows.append({"model": f"G={kv} {method}, uptrained", "kv_heads": kv, "method": method, "steps": steps,
+                     **score(after), **speed(model, after)})
+    for r in rows:
+        r["speed_vs_mha"] = r["tokens_per_s"] / base["tokens_per_s"]
+    return rows
+
+
+TABLE_FIELDS = ["model", "kv_heads", "steps", "loss", "bleu", "tokens_per_s", "speed_vs_mha"]

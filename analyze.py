@@ -1,0 +1,92 @@
+"""Look inside the heads of a trained workdir; every output goes to WORKDIR/analysis/.
+
+    python analyze.py maps --workdir runs/default --sentence "Ein Hund läuft im Schnee."
+    python analyze.py maps --workdir runs/default --split val --index 3
+    python analyze.py roles --workdir runs/default [--examples 500]
+    python analyze.py importance --workdir runs/default [--examples 500]
+    python analyze.py prune --workdir runs/default [--examples 500 --eval_examples 300 --beam_size 1]
+    python analyze.py uptrain --workdir runs/default --num_kv_heads 2 --fraction 0.05
+"""
+
+import argparse
+import logging
+
+from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, help, examples):
+        sub = commands.add_parser(name, help=help)
+        sub.add_argument("--workdir", required=True, help="a train.py workdir")
+        sub.add_argument("--split", default="val", help="the split the sentences come from")
+        sub.add_argument("--examples", type=int, default=examples, help=f"first N sentences of --split (0: all; default {examples})")
+        return sub
+
+    sub = command("maps", "attention heatmaps for one sentence", 0)
+    sub.add_argument("--sentence", help="a source sentence (else --index of --split)")
+    sub.add_argument("--index", type=int, default=0, help="sentence index in --split when --sentence is not given")
+    command("roles", "per-head positional / anchor / diagonal statistics and role labels", 500)
+    command("importance", "Michel et al. head importance through the head_mask gates", 500)
+    sub = command("prune", "BLEU and loss as heads are pruned by importance, at random and in reverse", 500)
+    sub.add_argument("--eval_examples", type=int, default=300,
+                     help="sentences scored at each pruning step, taken after the --examples used for importance")
+    sub.add_argument("--beam_size", type=int, default=1, help="1: greedy")
+    sub.add_argument("--kinds", default=",".join(heads.MODULES), help="attention kinds whose heads are pruned")
+    sub.add_argument("--steps", type=int, default=10, help="pruning steps (10: 10 %% of the heads each)")
+    sub.add_argument("--seed", type=int, default=0, help="the random order's seed")
+    sub = command("uptrain", "MHA -> GQA/MQA conversion and uptraining, before/after table", 500)
+    sub.add_argument("--num_kv_heads", type=int, required=True)
+    sub.add_argument("--fraction", type=float, default=0.05, help="uptraining steps as a fraction of the checkpoint's steps")
+    sub.add_argument("--methods", default="mean,first,random", help=f"comma-separated, of {uptrain.METHODS}")
+    sub.add_argument("--beam_size", type=int, default=1, help="1: greedy")
+    sub.add_argument("--speed_rows", type=int, default=64, help="sentences in the decode-speed batch")
+    sub.add_argument("--overwrite", action="store_true", help="replace existing uptraining workdirs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    run = workdir.load(args.workdir)
+    out = run.out_dir
+    if args.command == "maps":
+        if args.sentence:
+            sentence, prefix = args.sentence, "maps_sentence"
+        else:
+            sentence, prefix = workdir.dev_subset(run.config, args.split, 1, args.index).src[0], f"maps_{args.split}{args.index}"
+        for path in maps.render(run, sentence, out, prefix):
+            print(path)
+    elif args.command == "roles":
+        rows = roles.head_statistics(run, workdir.dev_subset(run.config, args.split, args.examples))
+        roles.write_table(rows, out / "roles.csv", out / "roles.md")
+        print(roles.plot_map(rows, out / "roles.png"))
+        print((out / "roles.md").read_text())
+    elif args.command == "importance":
+        raw, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
+        importance.write(raw, normalised, out / "importance.csv", out / "importance.md")
+        print((out / "importance.md").read_text())
+    elif args.command == "prune":
+        _, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
+        scored = workdir.dev_subset(run.config, args.split, args.eval_examples, start=args.examples)
+        score = workdir.scorer(run.config, run.vocab, run.model, scored, args.beam_size)
+        kinds = args.kinds.split(",")
+        rows = pruning.prune_curves(run, score, normalised, kinds, steps=args.steps, seed=args.seed)
+        pruning.write_csv(rows, out / "pruning.csv")
+        title = (f"{'+'.join(kinds)}: {len(scored)} {args.split} sentences after the first {args.examples} "
+                 f"(importance), {'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}")
+        print(pruning.plot(rows, out / "pruning.png", title))
+        for r in rows:
+            print(f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}")
+    elif args.command == "uptrain":
+        rows = uptrain.compare(
+            run, workdir.dev_subset(run.config, args.split, args.examples), args.num_kv_heads,
+            args.methods.split(","), args.fraction, beam_size=args.beam_size, speed_rows=args.speed_rows,
+            overwrite=args.overwrite,
+        )
+        name = f"uptrain_kv{args.num_kv_heads}"
+        tables.write(rows, uptrain.TABLE_FIELDS, out / f"{name}.csv", out / f"{name}.md")
+        print((out / f"{name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

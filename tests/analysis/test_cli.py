@@ -1,0 +1,79 @@
+"""analyze.py end to end on a tiny model trained for a few steps on a Multi30k slice."""
+
+import csv
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+import analyze
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _test_loop():
+    """tests/training/test_loop.py, for its tiny_config (tests/ has no packages to import it by name)."""
+    spec = importlib.util.spec_from_file_location("training_test_loop", ROOT / "tests" / "training" / "test_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    if not os.environ.get("MULTI30K_DIR"):
+        pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
+    config = _test_loop().tiny_config(steps=20)
+    config.model.update(num_heads=4, d_model=16)  # heads to group: G=2 is a real GQA
+    workdir = tmp_path_factory.mktemp("tiny")
+    from training import loop
+
+    loop.train_and_evaluate(config, workdir)
+    return workdir
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_maps_roles_importance(workdir, capsys):
+    analyze.main(["maps", "--workdir", str(workdir), "--sentence", "Ein Hund läuft."])
+    analyze.main(["maps", "--workdir", str(workdir), "--index", "2"])
+    out = workdir / "analysis"
+    for kind in ("encoder_self", "decoder_self", "decoder_cross"):
+        assert (out / f"maps_sentence_{kind}.png").stat().st_size > 1000
+        assert (out / f"maps_val2_{kind}.png").exists()
+    analyze.main(["roles", "--workdir", str(workdir), "--examples", "16"])
+    table = rows(out / "roles.csv")
+    assert len(table) == 3 * 1 * 4 and (out / "roles.png").exists() and (out / "roles.md").exists()
+    assert {r["label"] for r in table} <= {"previous", "same", "next", "anchor", "diagonal", "broad", "mixed"}
+    analyze.main(["importance", "--workdir", str(workdir), "--examples", "16"])
+    scores = rows(out / "importance.csv")
+    assert len(scores) == 12 and all(float(r["raw"]) > 0 for r in scores)
+
+
+def test_prune(workdir):
+    analyze.main(["prune", "--workdir", str(workdir), "--examples", "8", "--eval_examples", "8", "--steps", "2",
+                  "--kinds", "encoder_self,decoder_cross"])
+    table = rows(workdir / "analysis" / "pruning.csv")
+    assert [(r["order"], r["pruned"]) for r in table] == [(o, str(n)) for o in ("importance", "random", "reverse") for n in (0, 4, 8)]
+    first = [r for r in table if r["pruned"] == "0"]
+    assert len({(r["bleu"], r["loss"]) for r in first}) == 1  # nothing pruned: the same model for every order
+    assert len({r["heads"] for r in table if r["pruned"] == "8"}) == 1  # all pruned: the same set
+    assert (workdir / "analysis" / "pruning.png").exists()
+
+
+def test_uptrain(workdir):
+    args = ["uptrain", "--workdir", str(workdir), "--num_kv_heads", "2", "--fraction", "0.1",
+            "--methods", "mean", "--examples", "8", "--speed_rows", "4"]
+    analyze.main(args)
+    table = rows(workdir / "analysis" / "uptrain_kv2.csv")
+    assert [(r["kv_heads"], r["steps"]) for r in table] == [("4", "0"), ("2", "0"), ("2", "2")]
+    assert float(table[0]["speed_vs_mha"]) == 1.0
+    up = workdir / "analysis" / "uptrain_kv2_mean"
+    assert sorted(p.name for p in (up / "checkpoints").iterdir() if p.name.isdigit()) == ["20", "22"]
+    with pytest.raises(FileExistsError):
+        analyze.main(args)
