@@ -13,17 +13,22 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import time
 from pathlib import Path
 from types import ModuleType
 
+from absl import logging
+
 from training import config as config_lib, evaluate, loop, tokenizer
 
 TIMING_FILE = "train_seconds.json"
+LOCK_FILE = "running.lock"
 RESULT_FILE = "result.json"
 SPEC_FILE = "sweep.json"
 
@@ -85,8 +90,9 @@ def write_spec(workdir: Path, config_path: str, module: ModuleType, seeds: int) 
     (workdir / SPEC_FILE).write_text(json.dumps(spec, indent=2))
 
 
-def run_point(config_path: str, workdir: Path, point: Point) -> dict:
-    """Train (resuming) and evaluate one point; a finished point returns its stored result."""
+def run_point(config_path: str, workdir: Path, point: Point) -> dict | None:
+    """Train (resuming) and evaluate one point; a finished point returns its stored result, one that
+    another live process is running returns None."""
     result_path = workdir / point.name / RESULT_FILE
     if result_path.exists():
         return json.loads(result_path.read_text())
@@ -95,11 +101,51 @@ def run_point(config_path: str, workdir: Path, point: Point) -> dict:
     config.seed = point.seed
     run_dir = workdir / point.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(shared_vocabulary(config, workdir), run_dir / "spm.model")
-    _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
-    result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir, module.SWEEP_TEST_SPLIT)}
-    result_path.write_text(json.dumps(result, indent=2))
+    owner = claim(run_dir / LOCK_FILE)
+    if owner is not None:
+        logging.warning("%s is being run by process %s; leaving it to that one", run_dir, owner)
+        return None
+    try:
+        shutil.copyfile(shared_vocabulary(config, workdir), run_dir / "spm.model")
+        _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
+        result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir, module.SWEEP_TEST_SPLIT)}
+        result_path.write_text(json.dumps(result, indent=2))
+    finally:
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)
     return result
+
+
+def claim(lock: Path) -> str | None:
+    """Take the point's lock (HOST:PID of this process); return the holder's HOST:PID if another live one has it.
+
+    Two sweeps (or a scheduler's retries) on one workdir then never train the same point at once; a lock
+    left by a process that died on this host is taken over.
+    """
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = lock.read_text().strip()
+            host, _, pid = holder.partition(":")
+            if host != socket.gethostname() or _alive(int(pid or 0)):
+                return holder
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        return None
+    return lock.read_text().strip()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
 
 
 def shared_vocabulary(config, workdir: Path) -> Path:
@@ -180,7 +226,10 @@ def _drive(program, config_path, workdir, jobs, todo, running, failed):
             point, process, log = entry
             running.remove(entry)
             log.close()
-            ok = process.returncode == 0 and is_finished(workdir, point)
+            if process.returncode == 0 and not is_finished(workdir, point):
+                print(f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}", flush=True)
+                continue
+            ok = process.returncode == 0
             print(f"[sweep] {'done' if ok else 'FAILED'} {point.name} (exit {process.returncode})", flush=True)
             if not ok:
                 failed.append(point)

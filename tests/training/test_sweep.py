@@ -81,3 +81,13 @@ def test_bad_sweep_config(tmp_path):
         sweep.load_module(tmp_path / "missing.py")
     with pytest.raises(ValueError, match="--seeds"):
         sweep.points(sweep.load_module(ROOT / CONFIG), 0)
+
+
+def test_point_lock_keeps_two_sweeps_apart(tmp_path):
+    lock = tmp_path / sweep.LOCK_FILE
+    assert sweep.claim(lock) is None  # free: taken
+    assert sweep.claim(lock) == lock.read_text()  # held by a live process (this one)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = lock.read_text().split(":")[0]
+    lock.write_text(f"{host}:{finished.stdout.strip()}")  # its process has exited: stale
+    assert sweep.claim(lock) is None and lock.read_text() == f"{host}:{os.getpid()}"
