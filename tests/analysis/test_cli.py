@@ -70,7 +70,7 @@ def test_uptrain(workdir):
     args = ["uptrain", "--workdir", str(workdir), "--num_kv_heads", "2", "--fraction", "0.1",
             "--methods", "mean", "--examples", "8", "--speed_rows", "4"]
     analyze.main(args)
-    table = rows(workdir / "analysis" / "uptrain_kv2.csv")
+    table = rows(workdir / "analysis" / "uptrain_table_kv2_mean.csv")
     assert [(r["kv_heads"], r["steps"]) for r in table] == [("4", "0"), ("2", "0"), ("2", "2")]
     assert float(table[0]["speed_vs_mha"]) == 1.0
     up = workdir / "analysis" / "uptrain_kv2_mean"
