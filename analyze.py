@@ -45,7 +45,9 @@ def main(argv=None):
     sub.add_argument("--speed_rows", type=int, default=64, help="sentences in the decode-speed batch")
     sub.add_argument("--overwrite", action="store_true", help="replace existing uptraining workdirs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # progress: the training loop, pruning steps
+    for noisy in ("absl", "jax", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     run = workdir.load(args.workdir)
     out = run.out_dir
@@ -83,7 +85,7 @@ def main(argv=None):
             args.methods.split(","), args.fraction, beam_size=args.beam_size, speed_rows=args.speed_rows,
             overwrite=args.overwrite,
         )
-        name = f"uptrain_kv{args.num_kv_heads}"
+        name = f"uptrain_table_kv{args.num_kv_heads}_{'-'.join(args.methods.split(','))}"
         tables.write(rows, uptrain.TABLE_FIELDS, out / f"{name}.csv", out / f"{name}.md")
         print((out / f"{name}.md").read_text())
 

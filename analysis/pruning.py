@@ -6,6 +6,7 @@ on its output (tested), so the ordinary decoders score the pruned model.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ def prune_curves(run, score, importance, kinds, *, steps: int = 10, seed: int = 
             removed = tuple(sorted(sequence[:count]))
             if removed not in cache:
                 cache[removed] = score(heads.zero_heads(run.params, heads.mask_without(run.model.config, removed)))
+                logging.info("pruned %d heads (%s order): %s", count, order, cache[removed])
             rows.append({
                 "order": order, "fraction": count / len(sequence), "pruned": count, **cache[removed],
                 "heads": " ".join(f"{k}:{i}.{h}" for k, i, h in sequence[:count]),

@@ -129,7 +129,7 @@ def write_table(rows, csv_path: Path, md_path: Path) -> None:
 
 
 def plot_map(rows, path: Path) -> Path:
-    """Layer x head grid per attention kind, coloured by label, annotated with the label's share."""
+    """Layer x head grid per attention kind, coloured by label; each cell names the largest role share and entropy_norm."""
     kinds = list(heads.MODULES)
     layers = 1 + max(r["layer"] for r in rows)
     num_heads = 1 + max(r["head"] for r in rows)
@@ -139,8 +139,9 @@ def plot_map(rows, path: Path) -> Path:
         grid = np.zeros((layers, num_heads, 3))
         for r in (r for r in rows if r["kind"] == kind):
             grid[r["layer"], r["head"]] = colours(LABELS.index(r["label"]))[:3]
-            share = r[r["label"]] if r["label"] in ROLES else r["entropy_norm"]
-            ax.text(r["head"], r["layer"], f"{r['label']}\n{share:.2f}", ha="center", va="center", fontsize=7)
+            top = max((role for role in ROLES if not np.isnan(r[role])), key=lambda role: r[role])
+            text = f"{r['label']}\n{top} {r[top]:.2f}\nentropy {r['entropy_norm']:.2f}"
+            ax.text(r["head"], r["layer"], text, ha="center", va="center", fontsize=7)
         ax.imshow(grid, aspect="auto", alpha=0.55)
         ax.set_xticks(range(num_heads), [f"h{h}" for h in range(num_heads)])
         ax.set_yticks(range(layers), [f"layer {i}" for i in range(layers)])
