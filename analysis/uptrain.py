@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import copy
 import shutil
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from analysis import workdir as workdir_lib
-from models import greedy_decode
 from training import checkpoints, evaluate, loop, step as step_lib
-from training.batching import BatchSchedule, bucket_length
 
 METHODS = ("mean", "first", "random", "mha")
 
@@ -120,27 +116,6 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     return converted.params, new_config, trained_model, trained, steps
 
 
-def decode_speed(model, params, src_ids, bucket_lengths, max_extra_length: int, repeats: int = 5) -> dict:
-    """Greedy decoding of one batch: {"tokens_per_s", "batch_s"} (median of `repeats` after a compile run).
-
-    Tokens are the generated ones up to and including each row's EOS.
-    """
-    length = bucket_length(max(len(s) for s in src_ids), bucket_lengths)
-    src = BatchSchedule.assemble(src_ids, [[] for _ in src_ids], len(src_ids), length).src
-    max_len = min(length + max_extra_length, model.config.max_len)
-    fn = jax.jit(lambda p, s: greedy_decode(model, p, s, max_len))
-    out = np.asarray(jax.block_until_ready(fn(params, src)))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(params, src))
-        times.append(time.perf_counter() - t0)
-    eos, pad = model.config.eos_id, model.config.pad_id
-    generated = sum((list(row).index(eos) + 1) if eos in row else int(np.sum(row != pad)) for row in out)
-    batch_s = float(np.median(times))
-    return {"tokens_per_s": generated / batch_s, "batch_s": batch_s}
-
-
 def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_size: int = 1,
             speed_rows: int = 64, overwrite: bool = False) -> list[dict]:
     """The uptraining table: the MHA model, then each method before and after uptraining.
@@ -149,8 +124,9 @@ def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_si
     the same batch for every model, as a ratio to the MHA model measured in this call.
     """
     src_ids = run.vocab.encode(list(corpus.src[:speed_rows]))
-    speed = lambda model, params: decode_speed(
-        model, params, src_ids, run.config.data.bucket_lengths, run.config.eval.max_extra_length)
+    speed = lambda model, params: {"tokens_per_s": evaluate.decoding_speed(
+        model, params, src_ids, run.config.data.bucket_lengths, beam_sizes=(1,),
+        max_extra_length=run.config.eval.max_extra_length)["decode_tokens_per_s_beam1"]}
     config, vocab = run.config, run.vocab
     ckpts = checkpoints.Checkpoints(run.workdir, config.keep_checkpoints)
     mha_state, mha_step = ckpts.restore_latest(step_lib.abstract_state(run.model, config.optimizer))

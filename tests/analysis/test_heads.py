@@ -1,7 +1,6 @@
 """Head gates: a zero gate is a head with zeroed W^O rows; importance through the gates."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
