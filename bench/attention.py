@@ -97,10 +97,11 @@ def median_ms(fn, args, reps, clock):
 
 
 def jax_timings(fn, args, cotangent, reps, clock):
+    """The cotangent is an argument, not a closed-over constant XLA would fold at compile time."""
     forward = jax.jit(fn)
-    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent.astype(jnp.float32))
+    loss = lambda q, k, v, c: jnp.sum(fn(q, k, v).astype(jnp.float32) * c.astype(jnp.float32))
     backward = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    return median_ms(forward, args, reps, clock), median_ms(backward, args, reps, clock)
+    return median_ms(forward, args, reps, clock), median_ms(backward, (*args, cotangent), reps, clock)
 
 
 def torch_timings(q, k, v, cotangent, causal, reps, clock):
@@ -184,8 +185,8 @@ def memory_point(name, N, causal, dtype):
     jax.block_until_ready((q, k, v, cotangent))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     fn = formulation(name, causal)
-    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent.astype(jnp.float32))
-    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    loss = lambda q, k, v, c: jnp.sum(fn(q, k, v).astype(jnp.float32) * c.astype(jnp.float32))
+    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, cotangent))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"before": before, "peak": peak}))
 
