@@ -39,7 +39,7 @@ Array = Any
 IMPLS = ("vmap", "einsum", "xla", "cudnn", "blockwise", "auto")
 # impl="auto" on CPU: blockwise once Lq * Lk reaches this many logits per head (N = 1024
 # self-attention), vmap below. Blockwise won forward+backward at N = 2048 (0.94x XLA, causal
-# 0.39x) and lost at N = 512 (1.25x, causal 0.92x); N = 1024 is still to measure (results/attention_bench.md).
+# 0.39x); at N = 512 it lost non-causal (1.25x) and won little causal (0.92x); N = 1024 is still to measure (results/attention_bench.md).
 AUTO_BLOCKWISE_LOGITS = 1024 * 1024
 
 
