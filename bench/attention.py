@@ -3,6 +3,7 @@
     taskset -c 1 python bench/attention.py --reps 3              # the README speed table
     taskset -c 1 python bench/attention.py --shapes 1,2048,8,64,8 --blocks 256x256 512x512
     taskset -c 1 python bench/attention.py --memory 8192 16384   # peak memory, fresh process per point
+    taskset -c 1 python bench/attention.py --compiled-memory 8192 16384 --impls blockwise  # XLA's plan
 
 Speed: a markdown table of median milliseconds of the jitted forward and forward+backward
 (gradients w.r.t. q, k, v), causal and not, for each formulation, with the ratio to
@@ -96,10 +97,11 @@ def median_ms(fn, args, reps, clock):
 
 
 def jax_timings(fn, args, cotangent, reps, clock):
+    """The cotangent is an argument, not a closed-over constant XLA would fold at compile time."""
     forward = jax.jit(fn)
-    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent.astype(jnp.float32))
+    loss = lambda q, k, v, c: jnp.sum(fn(q, k, v).astype(jnp.float32) * c.astype(jnp.float32))
     backward = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    return median_ms(forward, args, reps, clock), median_ms(backward, args, reps, clock)
+    return median_ms(forward, args, reps, clock), median_ms(backward, (*args, cotangent), reps, clock)
 
 
 def torch_timings(q, k, v, cotangent, causal, reps, clock):
@@ -183,10 +185,28 @@ def memory_point(name, N, causal, dtype):
     jax.block_until_ready((q, k, v, cotangent))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     fn = formulation(name, causal)
-    loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent.astype(jnp.float32))
-    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    loss = lambda q, k, v, c: jnp.sum(fn(q, k, v).astype(jnp.float32) * c.astype(jnp.float32))
+    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, cotangent))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"before": before, "peak": peak}))
+
+
+def compiled_memory_table(lengths, names, dtype):
+    """XLA's buffer plan for one jitted forward+backward: compiles, never runs (safe at any N)."""
+    print("| formulation | N | causal | arguments + outputs GiB | temporaries GiB | total GiB |")
+    print("|---|---:|---|---:|---:|---:|")
+    for N in lengths:
+        q, k, v, cotangent = jax.eval_shape(lambda: inputs((1, N, 8, 64, 8), jnp.dtype(dtype)))
+        for causal in (False, True):
+            for name in ["reference", *names]:
+                fn = formulation(name, causal)
+                loss = lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v).astype(jnp.float32) * jnp.ones(cotangent.shape, jnp.float32))
+                stats = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile().memory_analysis()
+                io = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+                label = "jax.nn xla (reference)" if name == "reference" else f"headcount {name}"
+                gib = lambda b: b / 2**30
+                print(f"| {label} | {N} | {causal} | {gib(io):.3f} | {gib(stats.temp_size_in_bytes):.3f} "
+                      f"| {gib(io + stats.temp_size_in_bytes):.3f} |", flush=True)
 
 
 def memory_table(lengths, names, dtype):
@@ -221,6 +241,7 @@ def main():
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--memory", nargs="*", type=int, help="peak-memory table at these N instead of the speed table")
     parser.add_argument("--memory-point", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--compiled-memory", nargs="*", type=int, help="XLA's planned forward+backward memory at these N (compile only)")
     args = parser.parse_args()
     if args.memory_point:
         name, N, causal, dtype = args.memory_point
@@ -228,6 +249,9 @@ def main():
     dtype = jnp.dtype(args.dtype)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.dtype}, ", end="")
+    if args.compiled_memory:
+        print("XLA memory_analysis() of the compiled forward+backward, nothing run\n")
+        return compiled_memory_table(args.compiled_memory, args.impls, args.dtype)
     if args.memory:
         print("one forward+backward per fresh process\n")
         return memory_table(args.memory, args.impls, args.dtype)
