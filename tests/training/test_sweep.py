@@ -62,7 +62,7 @@ def test_collect_writes_table_csv_and_plot(swept):
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:6] == ["h", "d_k", "parameters", "dev PPL", "dev BLEU", "test BLEU"]
     assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2"]
-    assert table[2].split("|")[7].strip() == "24.9"  # the paper's h=1 dev BLEU beside ours
+    assert table[2].split("|")[10].strip() == "24.9"  # the paper's h=1 dev BLEU beside ours
     rows = list(csv.DictReader(open(results / "tiny_heads.csv")))
     assert [r["value"] for r in rows] == ["1", "2"] and "dev_bleu_mean" in rows[0]
     assert (results / "tiny_heads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
