@@ -70,7 +70,7 @@ def bench(size: str, dtype: str, reps: int):
     step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
     flops = step.lower(state, batch, jax.random.key(1)).compile().cost_analysis()["flops"]
     seconds = median_seconds(lambda s: step(s, batch, jax.random.key(1))[1]["loss"], (state,), reps)
-    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    n_params = step_lib.parameter_count(state.params)
     return n_params, rows, length, seconds, flops, ref_steps
 
 

@@ -60,10 +60,6 @@ def score_split(config, vocab, model, params, split: str, beam_size: int, workdi
     }
 
 
-def parameter_count(params) -> int:
-    return sum(x.size for x in jax.tree.leaves(params))
-
-
 def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6, max_extra_length: int = 50, repeats: int = 3) -> dict:
     """Decode-cache bytes per target token and output tokens/s of greedy and beam search on one batch.
 

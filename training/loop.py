@@ -81,7 +81,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     if restored is not None:
         state = trainer.from_checkpoint(restored)
         logging.info("resumed from step %d", start)
-    n_params = sum(x.size for x in jax.tree.leaves(trainer.to_checkpoint(state).params))
+    n_params = step_lib.parameter_count(trainer.to_checkpoint(state).params)
     logging.info("model parameters: %d", n_params)
 
     eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))

@@ -39,6 +39,10 @@ def abstract_state(model, optimizer_config) -> train_state.TrainState:
         tx=make_optimizer(optimizer_config)))
 
 
+def parameter_count(params) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))
+
+
 def token_losses(logits, targets, weights, label_smoothing):
     """(smoothed cross-entropy sum, NLL sum, token count) over weighted positions. logits [B, L, V]."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))

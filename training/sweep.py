@@ -25,7 +25,7 @@ from types import ModuleType
 
 from absl import logging
 
-from training import config as config_lib, evaluate, loop, tokenizer
+from training import config as config_lib, evaluate, loop, step as step_lib, tokenizer
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
@@ -183,7 +183,7 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
     return {
         "step": step, "num_heads": config.model.num_heads, "num_kv_heads": config.model.num_kv_heads or config.model.num_heads,
         "head_dim": config.model.head_dim or config.model.d_model // config.model.num_heads,
-        "parameters": evaluate.parameter_count(params), **scores,
+        "parameters": step_lib.parameter_count(params), **scores,
         "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
         "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],
         "bleu_signature": score["signature"], **decoding,
