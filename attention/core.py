@@ -37,10 +37,12 @@ from attention.masks import and_masks, check_mask_like, normalize_window, struct
 
 Array = Any
 IMPLS = ("vmap", "einsum", "xla", "cudnn", "blockwise", "auto")
-# impl="auto" on CPU: blockwise once Lq * Lk reaches this many logits per head (N = 1024
-# self-attention), vmap below. Blockwise won forward+backward at N = 2048 (0.94x XLA, causal
-# 0.39x); at N = 512 it lost non-causal (1.25x) and won little causal (0.92x); N = 1024 is still to measure (results/attention_bench.md).
-AUTO_BLOCKWISE_LOGITS = 1024 * 1024
+# impl="auto" on CPU: blockwise once Lq * Lk reaches these many logits per head, vmap below;
+# from bench/attention.py forward+backward ratios to XLA (results/attention_bench.md):
+# non-causal, vmap 0.98 vs blockwise 1.08 at N = 1024 and 1.00 vs 0.94 at N = 2048;
+# causal (blocks skipped), vmap 1.00 vs blockwise 0.92 at N = 512 and 1.03 vs 0.56 at N = 1024.
+AUTO_BLOCKWISE_LOGITS = 2048 * 2048
+AUTO_BLOCKWISE_LOGITS_SKIPPING = 512 * 512
 
 
 def dot_product_attention(
@@ -139,7 +141,8 @@ def attend(
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"{name} must be a positive int, got {size!r}")
     if impl == "auto":
-        impl = choose_impl(Lq, Lk, dtype, Dk, value.shape[-1], dropout, bias is not None)
+        impl = choose_impl(Lq, Lk, dtype, Dk, value.shape[-1], dropout, bias is not None,
+                           skips_blocks=is_causal or window is not None)
 
     if impl == "blockwise":
         grouped = [_group_heads(x, batch, G) for x in (mask, bias)]
@@ -211,9 +214,13 @@ def choose_impl(
     value_dim: int,
     dropout: bool,
     has_bias: bool,
+    skips_blocks: bool = False,
 ) -> str:
-    """What `impl="auto"` runs: cuDNN on GPU where it applies, else blockwise or vmap by size."""
-    long = query_length * key_length >= AUTO_BLOCKWISE_LOGITS
+    """What `impl="auto"` runs: cuDNN on GPU where it applies, else blockwise or vmap by size.
+
+    `skips_blocks` (causal or sliding window) lowers the blockwise threshold, because
+    blockwise then skips the blocks the dense paths compute and mask.
+    """
     if jax.default_backend() == "gpu":
         cudnn_ok = (
             jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -222,9 +229,11 @@ def choose_impl(
         )
         if cudnn_ok:
             return _log_choice("cudnn", "GPU, half precision, head dim <= 128, no dropout or bias")
-    if long:
-        return _log_choice("blockwise", f"Lq * Lk >= {AUTO_BLOCKWISE_LOGITS}")
-    return _log_choice("vmap", f"Lq * Lk < {AUTO_BLOCKWISE_LOGITS}")
+    threshold = AUTO_BLOCKWISE_LOGITS_SKIPPING if skips_blocks else AUTO_BLOCKWISE_LOGITS
+    kind = "causal/window" if skips_blocks else "full"
+    if query_length * key_length >= threshold:
+        return _log_choice("blockwise", f"{kind} attention, Lq * Lk >= {threshold}")
+    return _log_choice("vmap", f"{kind} attention, Lq * Lk < {threshold}")
 
 
 @functools.cache

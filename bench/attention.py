@@ -1,15 +1,17 @@
 """Attention speed and memory: every `impl` against `jax.nn` (XLA) measured in the same run.
 
-    taskset -c 1 python bench/attention.py --reps 3              # the README speed table
+    taskset -c 1 python bench/attention.py --reps 3 --impls vmap einsum blockwise auto xla \
+        --torch-python /tmp/torchvenv/bin/python              # the README speed table
     taskset -c 1 python bench/attention.py --shapes 1,2048,8,64,8 --blocks 256x256 512x512
     taskset -c 1 python bench/attention.py --memory 8192 16384   # peak memory, fresh process per point
     taskset -c 1 python bench/attention.py --compiled-memory 8192 16384 --impls blockwise  # XLA's plan
 
 Speed: a markdown table of median milliseconds of the jitted forward and forward+backward
 (gradients w.r.t. q, k, v), causal and not, for each formulation, with the ratio to
-`jax.nn.dot_product_attention(implementation="xla")` on the same shape (lower is faster) and,
-when `torch` is installed, to `torch.nn.functional.scaled_dot_product_attention` on the same
-core. `--clock cpu` (default) times with the process's CPU time, which on a core shared with
+`jax.nn.dot_product_attention(implementation="xla")` on the same shape (lower is faster) and
+to `torch.nn.functional.scaled_dot_product_attention` on the same core, timed by
+`bench/torch_sdpa.py` in a child process of `--torch-python` (torch's CPU wheel may need another
+Python than JAX's; by default this Python, when it has torch; without torch the column is n/a). `--clock cpu` (default) times with the process's CPU time, which on a core shared with
 other jobs counts only this process's work; `--clock wall` times wall-clock.
 
 Memory: each (formulation, N, causal) point runs one forward+backward in a fresh Python
@@ -21,6 +23,7 @@ O(N^2) memory: about 24 GiB at 16384).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import statistics
@@ -34,7 +37,6 @@ if __package__ in (None, ""):  # run as a file, bench/ would shadow the `attenti
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import attention
 
@@ -104,48 +106,32 @@ def jax_timings(fn, args, cotangent, reps, clock):
     return median_ms(forward, args, reps, clock), median_ms(backward, (*args, cotangent), reps, clock)
 
 
-def torch_timings(q, k, v, cotangent, causal, reps, clock):
-    """torch SDPA on the same inputs ([B, H, N, D] layout, one intra-op thread); None without torch."""
-    try:
-        import torch
-    except ImportError:
+def torch_timings(torch_python, shape, causal, reps, dtype, clock_name):
+    """torch SDPA at this shape, timed by bench/torch_sdpa.py under `torch_python` (same core)."""
+    if torch_python is None:
         return None
-    torch.set_num_threads(1)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[str(q.dtype)]
-    to_torch = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(dtype).transpose(1, 2).contiguous()
-    tq, tk, tv, tc = (to_torch(x) for x in (q, k, v, cotangent))
-    gqa = tq.shape[1] != tk.shape[1]
-    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-    def forward():
-        with torch.no_grad():
-            sdpa(tq, tk, tv)
-
-    def forward_backward():
-        q_, k_, v_ = (x.detach().requires_grad_() for x in (tq, tk, tv))
-        torch.autograd.grad((sdpa(q_, k_, v_) * tc).sum(), (q_, k_, v_))
-
-    def timed(fn):
-        fn()
-        times = []
-        for _ in range(reps):
-            start = clock()
-            fn()
-            times.append((clock() - start) * 1e3)
-        return statistics.median(times)
-
-    return timed(forward), timed(forward_backward)
+    command = [torch_python, str(Path(__file__).with_name("torch_sdpa.py")), ",".join(map(str, shape)),
+               "--reps", str(reps), "--dtype", str(dtype), "--clock", clock_name] + ["--causal"] * causal
+    result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    return result["forward_ms"], result["forward_backward_ms"]
 
 
-def speed_table(shapes, names, blocks_list, reps, dtype, clock):
+def torch_version(torch_python):
+    if torch_python is None:
+        return None
+    command = [torch_python, "-c", "import torch; print(torch.__version__)"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def speed_table(shapes, names, blocks_list, reps, dtype, clock, clock_name, torch_python):
     print("| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch | fwd+bwd vs torch |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for shape in shapes:
-        if "auto" not in names:
-            print(f"| {', '.join(map(str, shape))} | | impl='auto' picks {label_of('auto', None, shape, False, dtype)[18:-1]} | | | | | | |")
         q, k, v, cotangent = inputs(shape, dtype)
         for causal in (False, True):
-            torch_ms = torch_timings(q, k, v, cotangent, causal, reps, clock)
+            if "auto" not in names:
+                print(f"| {', '.join(map(str, shape))} | {causal} | impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |")
+            torch_ms = torch_timings(torch_python, shape, causal, reps, dtype, clock_name)
             rows = [("reference", None)] + [(n, None) for n in names] + [("blockwise", b) for b in blocks_list]
             ref = None
             for name, blocks in rows:
@@ -174,9 +160,13 @@ def label_of(name, blocks, shape, causal, dtype):
     if blocks is not None:
         return f"headcount blockwise {blocks[0]}x{blocks[1]}"
     if name == "auto":
-        _, N, _, D, _ = shape
-        return f"headcount auto (= {attention.choose_impl(N, N, dtype, D, D, False, False)})"
+        return f"headcount auto (= {auto_choice(shape, causal, dtype)})"
     return f"headcount {name}"
+
+
+def auto_choice(shape, causal, dtype):
+    _, N, _, D, _ = shape
+    return attention.choose_impl(N, N, dtype, D, D, False, False, skips_blocks=causal)
 
 
 def memory_point(name, N, causal, dtype):
@@ -216,7 +206,7 @@ def memory_table(lengths, names, dtype):
         for causal in (False, True):
             for name in ["reference", *names]:
                 label = "jax.nn xla (reference)" if name == "reference" else f"headcount {name}"
-                dense = name in DENSE or (name == "auto" and attention.choose_impl(N, N, dtype, 64, 64, False, False) != "blockwise")
+                dense = name in DENSE or (name == "auto" and auto_choice((1, N, 8, 64, 8), causal, dtype) != "blockwise")
                 if dense and N > MAX_DENSE_MEMORY_N:
                     print(f"| {label} | {N} | {causal} | not run (dense: O(N²) memory) | | |", flush=True)
                     continue
@@ -239,6 +229,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--torch-python", help="a Python with torch for the torch SDPA column (default: this one, if it has torch)")
     parser.add_argument("--memory", nargs="*", type=int, help="peak-memory table at these N instead of the speed table")
     parser.add_argument("--memory-point", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--compiled-memory", nargs="*", type=int, help="XLA's planned forward+backward memory at these N (compile only)")
@@ -255,15 +246,13 @@ def main():
     if args.memory:
         print("one forward+backward per fresh process\n")
         return memory_table(args.memory, args.impls, args.dtype)
-    try:
-        import torch
-        torch_note = f"torch {torch.__version__} (1 thread)"
-    except ImportError:
-        torch_note = "torch not installed (vs-torch columns n/a)"
+    torch_python = args.torch_python or (sys.executable if importlib.util.find_spec("torch") else None)
+    version = torch_version(torch_python)
+    torch_note = f"torch {version} (1 thread)" if version else "no torch (vs-torch columns n/a; see --torch-python)"
     print(f"median of {args.reps}, {args.clock} clock, {torch_note}\n")
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
     blocks = [tuple(int(x) for x in b.split("x")) for b in args.blocks]
-    speed_table(shapes, args.impls, blocks, args.reps, dtype, clock)
+    speed_table(shapes, args.impls, blocks, args.reps, dtype, clock, args.clock, torch_python)
 
 
 if __name__ == "__main__":
