@@ -13,6 +13,31 @@ from training import data, distributed, sharding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 PARALLELISMS = ("jit", "pmap")
+# Fields added after the first workdirs were written, with the values that reproduce how those
+# runs behaved; `complete` fills them into a config read back from an older config.json.
+ADDED_FIELDS = {
+    "max_train_seconds": 0.0,
+    "parallelism": "jit",
+    "mesh.shard_embeddings": False,
+    "distributed.initialize": "auto",
+    "distributed.coordinator_address": "",
+    "distributed.num_processes": 0,
+    "distributed.process_id": -1,
+}
+
+
+def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Fill the `ADDED_FIELDS` an older workdir's config.json lacks (in place; returned)."""
+    for path, value in ADDED_FIELDS.items():
+        *sections, field = path.split(".")
+        node = config
+        for section in sections:
+            if section not in node:
+                node[section] = ml_collections.ConfigDict()
+            node = node[section]
+        if field not in node:
+            node[field] = value
+    return config
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

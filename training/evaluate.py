@@ -16,7 +16,7 @@ import numpy as np
 import sentencepiece as spm
 
 from models import decoding
-from training import checkpoints, loop, step as step_lib, translate
+from training import checkpoints, config as config_lib, loop, step as step_lib, translate
 from training.batching import BatchSchedule, bucket_length
 
 
@@ -26,7 +26,7 @@ def load_run(workdir: str | Path):
     for name in ("config.json", "spm.model"):
         if not (workdir / name).exists():
             raise FileNotFoundError(f"{workdir / name} is missing: is {workdir} a train.py workdir?")
-    config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+    config = config_lib.complete(ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text())))
     config.data.bucket_lengths = tuple(config.data.bucket_lengths)
     vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
     model = loop.build_model(config, vocab)

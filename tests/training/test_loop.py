@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,6 +140,22 @@ def test_a_workdir_refuses_to_resume_with_another_model(straight_run):
     config.model.d_model = 32
     with pytest.raises(ValueError, match=r"config.model.d_model \(16 there, 32 now\)"):
         loop.train_and_evaluate(config, straight_run[0])
+
+
+def test_a_workdir_written_before_later_config_fields_still_loads(straight_run, tmp_path):
+    # runs/default's config.json predates these fields; eval.py and analyze.py must still load it
+    workdir = tmp_path / "old"
+    shutil.copytree(straight_run[0], workdir)
+    saved = json.loads((workdir / "config.json").read_text())
+    for field in ("max_train_seconds", "parallelism", "distributed"):
+        del saved[field]
+    del saved["mesh"]["shard_embeddings"]
+    (workdir / "config.json").write_text(json.dumps(saved))
+    config, _, _, _, step = evaluate.load_run(workdir)
+    assert step == evaluate.load_run(straight_run[0])[4]
+    assert (config.parallelism, config.mesh.shard_embeddings, config.max_train_seconds) == ("jit", False, 0.0)
+    assert config.distributed.to_dict() == default.get_config().distributed.to_dict()
+    config_lib.validate(config)
 
 
 def test_command_line_overrides_and_config_arguments():
