@@ -7,9 +7,11 @@ online softmax (running max `m`, running sum `l`) over the scheduled pairs and s
 log-sum-exp per query row; the `custom_vjp` backward recomputes each block's probabilities from
 it. Memory is O(N·D + block_q·block_k) instead of O(N²).
 
-Layout inside: q `[B, G, Lq, R, Dk]` (R = H/G query heads per KV head, already scaled by
+Layout inside: q `[B, G, R, Lq, Dk]` (R = H/G query heads per KV head, already scaled by
 1/sqrt(Dk)), k/v `[B, G, Lk, D]`, so GQA/MQA contract each KV head with its R query heads in
-one matmul and K/V are never repeated. Logits accumulate in float32 whatever the input dtype.
+one matmul and K/V are never repeated; every block product is a plain or A·Bᵀ matmul whose
+output XLA:CPU writes in place (no transposed operand, no relayout copy). Logits accumulate in
+float32 whatever the input dtype.
 
 Conventions shared with the dense paths: masked logits are `finfo(float32).min`; a query row
 whose keys are all masked outputs the mean of V over all keys (and passes gradient only to V),
@@ -110,17 +112,17 @@ def blockwise_attention(
     plan = block_schedule(Lq, Lk, block_q, block_k, is_causal, window)
     pad_q, pad_k = plan.num_q_blocks * plan.block_q - Lq, plan.num_k_blocks * plan.block_k - Lk
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    q = _pad_axis(jnp.moveaxis(q, 1, 2), 2, pad_q, 0)  # [B, G, Lq, R, Dk]
+    q = _pad_axis(jnp.transpose(q, (0, 2, 3, 1, 4)), 3, pad_q, 0)  # [B, G, R, Lq, Dk]
     k, v = (_pad_axis(x, 2, pad_k, 0) for x in (k, v))
-    # mask-likes to the kernel layout [B|1, G|1, Lq|1, R|1, Lk|1], padded where not broadcast
-    layout = lambda x, fill: None if x is None else _pad_to_blocks(jnp.swapaxes(x, 2, 3), pad_q, pad_k, fill)
-    mask, bias = layout(mask, True), layout(bias, 0)
+    # mask-likes padded to whole blocks where not broadcast
+    pad = lambda x, fill: None if x is None else _pad_to_blocks(x, pad_q, pad_k, fill)
+    mask, bias = pad(mask, True), pad(bias, 0)
     config = _Config(
         plan=plan, key_length=Lk, is_causal=is_causal, window=window, dropout_rate=dropout_rate,
         broadcast_dropout=broadcast_dropout, precision=precision,
     )
     out = _kernel(config, q, k, v, mask, bias, dropout_rng)
-    return jnp.moveaxis(out[:, :, :Lq], 2, 1)
+    return jnp.transpose(out[:, :, :, :Lq], (0, 3, 1, 2, 4))
 
 
 def _pad_axis(x, axis, amount, fill):
@@ -132,8 +134,8 @@ def _pad_axis(x, axis, amount, fill):
 
 
 def _pad_to_blocks(x, pad_q, pad_k, fill):
-    if x.shape[2] > 1:
-        x = _pad_axis(x, 2, pad_q, fill)
+    if x.shape[3] > 1:
+        x = _pad_axis(x, 3, pad_q, fill)
     if x.shape[4] > 1:
         x = _pad_axis(x, 4, pad_k, fill)
     return x
@@ -187,27 +189,28 @@ def _reduce_to(x, shape):
 
 
 def _block_logits(config, qb, kb, maskb, biasb, i, j, structured):
-    """Masked float32 logits `[B, G, bq, R, bk]` of query block i against key block j."""
+    """Masked float32 logits `[B, G, R, bq, bk]` of query block i against key block j."""
     plan = config.plan
     s = jnp.einsum(
-        "bgqrd,bgkd->bgqrk", qb, kb, precision=config.precision, preferred_element_type=jnp.float32
+        "bgrqd,bgkd->bgrqk", qb, kb, precision=config.precision, preferred_element_type=jnp.float32
     )
     if biasb is not None:
         s = s + biasb.astype(jnp.float32)
     allowed = maskb
     if structured:
-        q_pos = i * plan.block_q + lax.broadcasted_iota(jnp.int32, (plan.block_q, 1, plan.block_k), 0)
-        k_pos = j * plan.block_k + lax.broadcasted_iota(jnp.int32, (plan.block_q, 1, plan.block_k), 2)
+        q_pos = i * plan.block_q + lax.broadcasted_iota(jnp.int32, (plan.block_q, plan.block_k), 0)
+        k_pos = j * plan.block_k + lax.broadcasted_iota(jnp.int32, (plan.block_q, plan.block_k), 1)
         structure = jnp.ones(q_pos.shape, bool)
         if config.is_causal:
             structure &= k_pos <= q_pos
         if config.window is not None:
             structure &= (k_pos >= q_pos - config.window[0]) & (k_pos <= q_pos + config.window[1])
-        allowed = structure[None, None] if allowed is None else allowed & structure[None, None]
+        structure = structure[None, None, None]
+        allowed = structure if allowed is None else allowed & structure
     if allowed is not None:
         s = jnp.where(allowed, s, _MASKED)
     if structured:  # keys past the real length (block padding) get no weight at all
-        s = jnp.where((k_pos < config.key_length)[None, None], s, -jnp.inf)
+        s = jnp.where((k_pos < config.key_length)[None, None, None], s, -jnp.inf)
     return s
 
 
@@ -218,17 +221,17 @@ def _keep(config, rng, i, j, shape):
     keep_prob = 1.0 - config.dropout_rate
     block_rng = jax.random.fold_in(rng, i * config.plan.num_k_blocks + j)
     if config.broadcast_dropout:
-        shape = (1, 1, shape[2], 1, shape[4])
+        shape = (1, 1, 1, *shape[3:])
     return jax.random.bernoulli(block_rng, keep_prob, shape).astype(jnp.float32) / keep_prob
 
 
 def _blocks(config, q, k, v, mask, bias, i, j):
     plan = config.plan
     qs, ks = i * plan.block_q, j * plan.block_k
-    qb = lax.dynamic_slice_in_dim(q, qs, plan.block_q, 2)
+    qb = lax.dynamic_slice_in_dim(q, qs, plan.block_q, 3)
     kb = lax.dynamic_slice_in_dim(k, ks, plan.block_k, 2)
     vb = lax.dynamic_slice_in_dim(v, ks, plan.block_k, 2)
-    cut = lambda x: None if x is None else _slice(_slice(x, 2, qs, plan.block_q), 4, ks, plan.block_k)
+    cut = lambda x: None if x is None else _slice(_slice(x, 3, qs, plan.block_q), 4, ks, plan.block_k)
     return qb, kb, vb, cut(mask), cut(bias)
 
 
@@ -242,29 +245,26 @@ def _scan_pairs(step, carry, plan):
 
 
 def _forward(config, q, k, v, mask, bias, rng):
-    """Online softmax over the scheduled blocks -> (out `[B, G, Lq, R, Dv]`, lse `[B, G, Lq, R]`)."""
+    """Online softmax over the scheduled blocks -> (out `[B, G, R, Lq, Dv]`, lse `[B, G, R, Lq]`)."""
     plan = config.plan
-    B, G, Lq, R, _ = q.shape
-    rows = (B, G, Lq, R)
+    rows = q.shape[:-1]  # (B, G, R, Lq)
 
     def step(carry, i, j, structured):
         m, l, acc = carry
         qb, kb, vb, maskb, biasb = _blocks(config, q, k, v, mask, bias, i, j)
         s = _block_logits(config, qb, kb, maskb, biasb, i, j, structured)
         qs = i * plan.block_q
-        m_old = lax.dynamic_slice_in_dim(m, qs, plan.block_q, 2)
-        l_old = lax.dynamic_slice_in_dim(l, qs, plan.block_q, 2)
-        acc_old = lax.dynamic_slice_in_dim(acc, qs, plan.block_q, 2)
+        m_old, l_old, acc_old = (lax.dynamic_slice_in_dim(x, qs, plan.block_q, 3) for x in (m, l, acc))
         m_new = jnp.maximum(m_old, s.max(axis=-1))
         p = jnp.exp(s - m_new[..., None])
         alpha = jnp.exp(m_old - m_new)
         keep = _keep(config, rng, i, j, s.shape)
         dropped = p if keep is None else p * keep
         pv = jnp.einsum(
-            "bgqrk,bgkd->bgqrd", dropped.astype(v.dtype), vb, precision=config.precision,
+            "bgrqk,bgkd->bgrqd", dropped.astype(v.dtype), vb, precision=config.precision,
             preferred_element_type=jnp.float32,
         )
-        update = lambda x, blk: lax.dynamic_update_slice_in_dim(x, blk, qs, 2)
+        update = lambda x, blk: lax.dynamic_update_slice_in_dim(x, blk, qs, 3)
         return (
             update(m, m_new),
             update(l, alpha * l_old + p.sum(axis=-1)),
@@ -288,15 +288,18 @@ def _forward(config, q, k, v, mask, bias, rng):
 def _backward(config, q, k, v, mask, bias, rng, out, lse, d_out):
     """Gradients w.r.t. (q, k, v, mask, bias, rng) by recomputing each scheduled block."""
     plan = config.plan
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, G, Lq, R]
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, G, R, Lq]
+    # Q and dO transposed once to [B, G, D, R, Lq], and dK, dV accumulated transposed
+    # ([B, G, D, Lk]), so that each block's dK^T = Q^T dS and dV^T = dO^T P are plain matmuls:
+    # XLA:CPU runs dS^T Q (a contraction over both operands' leading axis) ~1.6x slower.
+    q_t, d_out_t = (jnp.moveaxis(x, 4, 2) for x in (q, d_out))
 
     def step(carry, i, j, structured):
-        dq, dk, dv, d_bias = carry
+        dq, dk_t, dv_t, d_bias = carry
         qb, kb, vb, maskb, biasb = _blocks(config, q, k, v, mask, bias, i, j)
         qs, ks = i * plan.block_q, j * plan.block_k
-        dob = lax.dynamic_slice_in_dim(d_out, qs, plan.block_q, 2)
-        lse_b = lax.dynamic_slice_in_dim(lse, qs, plan.block_q, 2)
-        delta_b = lax.dynamic_slice_in_dim(delta, qs, plan.block_q, 2)
+        dob, lse_b, delta_b = (lax.dynamic_slice_in_dim(x, qs, plan.block_q, 3) for x in (d_out, lse, delta))
+        q_tb, do_tb = (lax.dynamic_slice_in_dim(x, qs, plan.block_q, 4) for x in (q_t, d_out_t))
         s = _block_logits(config, qb, kb, maskb, biasb, i, j, structured)
         p = jnp.exp(s - lse_b[..., None])
         keep = _keep(config, rng, i, j, s.shape)
@@ -304,21 +307,23 @@ def _backward(config, q, k, v, mask, bias, rng, out, lse, d_out):
         mm = lambda spec, a, b: jnp.einsum(
             spec, a, b, precision=config.precision, preferred_element_type=jnp.float32
         )
-        dv = _add_at(dv, 2, ks, mm("bgqrk,bgqrd->bgkd", dropped.astype(d_out.dtype), dob))
-        dp = mm("bgqrd,bgkd->bgqrk", dob, vb)
+        dv_t = _add_at(dv_t, 3, ks, mm("bgdrq,bgrqk->bgdk", do_tb, dropped.astype(d_out.dtype)))
+        dp = mm("bgrqd,bgkd->bgrqk", dob, vb)
         if keep is not None:
             dp = dp * keep
         ds = p * (dp - delta_b[..., None])
-        dq = _add_at(dq, 2, qs, mm("bgqrk,bgkd->bgqrd", ds.astype(k.dtype), kb))
-        dk = _add_at(dk, 2, ks, mm("bgqrk,bgqrd->bgkd", ds.astype(q.dtype), qb))
+        dq = _add_at(dq, 3, qs, mm("bgrqk,bgkd->bgrqd", ds.astype(k.dtype), kb))
+        dk_t = _add_at(dk_t, 3, ks, mm("bgdrq,bgrqk->bgdk", q_tb, ds.astype(q.dtype)))
         if d_bias is not None:
             block = _reduce_to(ds, tuple(1 if n == 1 else b for n, b in zip(d_bias.shape, ds.shape)))
             d_bias = _add_block(d_bias, block, qs, ks)
-        return dq, dk, dv, d_bias
+        return dq, dk_t, dv_t, d_bias
 
-    zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
-    init = (zeros(q), zeros(k), zeros(v), None if bias is None else zeros(bias))
-    dq, dk, dv, d_bias = _scan_pairs(step, init, plan)
+    zeros = lambda shape: jnp.zeros(shape, jnp.float32)
+    transposed = lambda x: (*x.shape[:2], x.shape[3], x.shape[2])
+    init = (zeros(q.shape), zeros(transposed(k)), zeros(transposed(v)), None if bias is None else zeros(bias.shape))
+    dq, dk_t, dv_t, d_bias = _scan_pairs(step, init, plan)
+    dk, dv = jnp.swapaxes(dk_t, 2, 3), jnp.swapaxes(dv_t, 2, 3)
     # rows with every key masked output mean(V): d out / Lk flows to each real key's value
     dead = jnp.isinf(lse)[..., None]
     dead_grad = jnp.where(dead, d_out.astype(jnp.float32), 0.0).sum(axis=(2, 3)) / config.key_length
@@ -329,7 +334,7 @@ def _backward(config, q, k, v, mask, bias, rng, out, lse, d_out):
 
 
 def _add_block(acc, block, qs, ks):
-    """`acc[..., qs:, :, ks:] += block` on the (maybe broadcast) Lq and Lk axes of a bias gradient."""
-    starts = [0, 0, qs if acc.shape[2] > 1 else 0, 0, ks if acc.shape[4] > 1 else 0]
+    """`acc[..., qs:, ks:] += block` on the (maybe broadcast) Lq and Lk axes of a bias gradient."""
+    starts = [0, 0, 0, qs if acc.shape[3] > 1 else 0, ks if acc.shape[4] > 1 else 0]
     old = lax.dynamic_slice(acc, starts, block.shape)
     return lax.dynamic_update_slice(acc, old + block, starts)
