@@ -39,9 +39,9 @@ Array = Any
 IMPLS = ("vmap", "einsum", "xla", "cudnn", "blockwise", "auto")
 # impl="auto" on CPU: blockwise once Lq * Lk reaches these many logits per head, vmap below;
 # from bench/attention.py forward+backward ratios to XLA (results/attention_bench.md):
-# non-causal, vmap 0.98 vs blockwise 1.08 at N = 1024 and 1.00 vs 0.94 at N = 2048;
-# causal (blocks skipped), vmap 1.00 vs blockwise 0.92 at N = 512 and 1.03 vs 0.56 at N = 1024.
-AUTO_BLOCKWISE_LOGITS = 2048 * 2048
+# full attention, vmap 1.01 vs blockwise 1.17 at N = 512 and 0.99 vs 0.92 at N = 1024;
+# causal (blocks skipped), vmap 0.91 vs blockwise 1.11 at N = 128 and 1.00 vs 0.82 at N = 512.
+AUTO_BLOCKWISE_LOGITS = 1024 * 1024
 AUTO_BLOCKWISE_LOGITS_SKIPPING = 512 * 512
 
 

@@ -155,8 +155,8 @@ def test_dropout_drops_weights_and_backward_uses_the_same_keep_mask(broadcast):
 
 def test_auto_picks_by_length_and_logs_once(caplog):
     # the crossovers measured in results/attention_bench.md
-    assert attention.choose_impl(1024, 1024, jnp.float32, 64, 64, False, False) == "vmap"
-    assert attention.choose_impl(2048, 2048, jnp.float32, 64, 64, False, False) == "blockwise"
+    assert attention.choose_impl(512, 512, jnp.float32, 64, 64, False, False) == "vmap"
+    assert attention.choose_impl(1024, 1024, jnp.float32, 64, 64, False, False) == "blockwise"
     assert attention.choose_impl(256, 256, jnp.float32, 64, 64, False, False, skips_blocks=True) == "vmap"
     assert attention.choose_impl(512, 512, jnp.float32, 64, 64, False, False, skips_blocks=True) == "blockwise"
     q, k, v, _ = random_qkv()
