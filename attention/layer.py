@@ -234,8 +234,13 @@ class MultiHeadAttention(nn.Module):
         check_mask_like("mask", mask, (*batch, self.num_heads, new_length, max_length), bool_dtype=True)
         cur = cache_index.value
         start = (0,) * (len(batch) + 1) + (cur, 0)
-        cached_key.value = lax.dynamic_update_slice(cached_key.value, key_hf.astype(cached_key.value.dtype), start)
-        cached_value.value = lax.dynamic_update_slice(cached_value.value, value_hf.astype(cached_value.value.dtype), start)
+        updated = (
+            lax.dynamic_update_slice(cached_key.value, key_hf.astype(cached_key.value.dtype), start),
+            lax.dynamic_update_slice(cached_value.value, value_hf.astype(cached_value.value.dtype), start),
+        )
+        # One materialised update per cache, read by the attention and returned: without the
+        # barrier XLA may fuse the update into each consumer and copy the (donated) cache.
+        cached_key.value, cached_value.value = lax.optimization_barrier(updated)
         cache_index.value = cur + new_length
         query_positions = cur + jnp.arange(new_length)
         cache_mask = jnp.arange(max_length)[None, :] <= query_positions[:, None]
