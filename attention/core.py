@@ -297,15 +297,19 @@ def _logits_dtype(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _one_head(q, k, v, mask, bias, keep, *, precision):
+def _one_head(q, k, v, mask, bias, keep, *, precision, keys_as_lhs=False):
     """Attention for ONE head: q [Lq, Dk], k [Lk, Dk], v [Lk, Dv]; mask/bias/keep [Lq|1, Lk|1].
 
-    Returns (out [Lq, Dv], weights [Lq, Lk]).
+    Returns (out [Lq, Dv], weights [Lq, Lk]). `keys_as_lhs` computes the logits as (K Q^T)^T,
+    for a few queries against a long cache: XLA:CPU then streams K instead of repacking it
+    (GQA/MQA decode steps 20-30 % faster at a 4096-position cache, bench/decode.py).
     """
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    logits = jnp.einsum(
-        "qd,kd->qk", q, k, precision=precision, preferred_element_type=_logits_dtype(q.dtype)
-    )
+    logits_type = _logits_dtype(q.dtype)
+    if keys_as_lhs:
+        logits = jnp.einsum("kd,qd->kq", k, q, precision=precision, preferred_element_type=logits_type).T
+    else:
+        logits = jnp.einsum("qd,kd->qk", q, k, precision=precision, preferred_element_type=logits_type)
     weights = _attention_probs(logits, mask, bias).astype(v.dtype)
     dropped = weights if keep is None else weights * keep
     out = jnp.einsum(
@@ -323,7 +327,8 @@ def _vmap_heads(q, k, v, mask, bias, keep, *, precision, kv_heads_first):
     ]
     extras = tuple(_drop_broadcast_axes(x) for x in extras)
     kv_axis = 0 if kv_heads_first else 1
-    fn = functools.partial(_one_head, precision=precision)
+    # K/V heads first: the decode cache, few queries against many keys
+    fn = functools.partial(_one_head, precision=precision, keys_as_lhs=kv_heads_first)
     # innermost: the query heads of one group share k/v (in_axes None: K/V are not repeated)
     fn = jax.vmap(fn, in_axes=(1, None, None, *level_axes[2]), out_axes=(1, 0))
     fn = jax.vmap(fn, in_axes=(1, kv_axis, kv_axis, *level_axes[1]), out_axes=(1, 0))
