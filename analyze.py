@@ -4,7 +4,7 @@
     python analyze.py maps --workdir runs/default --split val --index 3
     python analyze.py roles --workdir runs/default [--examples 500]
     python analyze.py importance --workdir runs/default [--examples 500]
-    python analyze.py prune --workdir runs/default [--examples 500 --eval_examples 300 --beam_size 1]
+    python analyze.py prune --workdir runs/default [--kinds encoder_self]   # -> pruning[_KINDS].{csv,png}
     python analyze.py uptrain --workdir runs/default --num_kv_heads 2 --fraction 0.05
 """
 
@@ -73,10 +73,11 @@ def main(argv=None):
         score = workdir.scorer(run.config, run.vocab, run.model, scored, args.beam_size)
         kinds = args.kinds.split(",")
         rows = pruning.prune_curves(run, score, normalised, kinds, steps=args.steps, seed=args.seed)
-        pruning.write_csv(rows, out / "pruning.csv")
+        stem = "pruning" if sorted(kinds) == sorted(heads.MODULES) else f"pruning_{'-'.join(kinds)}"
+        pruning.write_csv(rows, out / f"{stem}.csv")
         title = (f"{'+'.join(kinds)}: {len(scored)} {args.split} sentences after the first {args.examples} "
                  f"(importance), {'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}")
-        print(pruning.plot(rows, out / "pruning.png", title))
+        print(pruning.plot(rows, out / f"{stem}.png", title))
         for r in rows:
             print(f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}")
     elif args.command == "uptrain":

@@ -60,13 +60,13 @@ def test_maps_roles_importance(workdir, capsys):
 def test_prune(workdir):
     analyze.main(["prune", "--workdir", str(workdir), "--examples", "8", "--eval_examples", "8", "--steps", "2",
                   "--kinds", "encoder_self,decoder_cross"])
-    table = rows(workdir / "analysis" / "pruning.csv")
+    table = rows(workdir / "analysis" / "pruning_encoder_self-decoder_cross.csv")  # named by --kinds
     assert [(r["order"], r["pruned"]) for r in table] == [(o, str(n)) for o in ("importance", "random", "reverse") for n in (0, 4, 8)]
     first = [r for r in table if r["pruned"] == "0"]
     assert len({(r["bleu"], r["loss"]) for r in first}) == 1  # nothing pruned: the same model for every order
     everything = [r for r in table if r["pruned"] == "8"]  # all pruned: the same set, in three orders
     assert len({frozenset(r["heads"].split()) for r in everything}) == 1 and len({r["bleu"] for r in everything}) == 1
-    assert (workdir / "analysis" / "pruning.png").exists()
+    assert (workdir / "analysis" / "pruning_encoder_self-decoder_cross.png").exists()
 
 
 def test_uptrain(workdir):
