@@ -11,7 +11,8 @@ Speed: a markdown table of median milliseconds of the jitted forward and forward
 `jax.nn.dot_product_attention(implementation="xla")` on the same shape (lower is faster) and
 to `torch.nn.functional.scaled_dot_product_attention` on the same core, timed by
 `bench/torch_sdpa.py` in a child process of `--torch-python` (torch's CPU wheel may need another
-Python than JAX's; by default this Python, when it has torch; without torch the column is n/a). `--clock cpu` (default) times with the process's CPU time, which on a core shared with
+Python than JAX's; the default is this Python when it has torch; without torch the column is
+n/a). `--clock cpu` (default) times with the process's CPU time, which on a core shared with
 other jobs counts only this process's work; `--clock wall` times wall-clock.
 
 Memory: each (formulation, N, causal) point runs one forward+backward in a fresh Python
