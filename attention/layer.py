@@ -219,8 +219,10 @@ class MultiHeadAttention(nn.Module):
         """Append key/value to the cache; return (keys, values, mask, cached)."""
         key_hf, value_hf = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
         is_initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, key_hf.shape, key_hf.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, value_hf.shape, value_hf.dtype)
+        # in the compute dtype: a projection's dot_general may return a wider type
+        cache_dtype = self.dtype or key_hf.dtype
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key_hf.shape, cache_dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value_hf.shape, cache_dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
         if not is_initialized:  # init: size the cache, attend over the inputs as usual
             return key, value, mask, False

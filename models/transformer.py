@@ -18,10 +18,12 @@ import math
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 import attention
+from models.matmul import row_major_dot_general, row_major_matmul, transposed
 
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False)}
 
@@ -50,6 +52,8 @@ class TransformerConfig:
     dtype: Any = jnp.float32  # compute dtype (logits are always returned in float32)
     param_dtype: Any = jnp.float32  # parameter dtype
     attention_impl: str = "vmap"  # one of attention.IMPLS
+    # dense layers and logits through `models.matmul` (None: when dtype is 16-bit and JAX runs on the CPU)
+    row_major_matmuls: bool | None = None
 
     def __post_init__(self):
         self.validate()
@@ -58,6 +62,14 @@ class TransformerConfig:
     def qkv_features(self) -> int:
         """H * Dk: width of the stacked query projections."""
         return self.num_heads * (self.head_dim or self.d_model // self.num_heads)
+
+    @property
+    def dot_general(self):
+        """The dense layers' `dot_general`: `row_major_dot_general`, or None for `lax.dot_general`."""
+        on = self.row_major_matmuls
+        if on is None:
+            on = jnp.dtype(self.dtype).itemsize == 2 and jax.default_backend() == "cpu"
+        return row_major_dot_general if on else None
 
     def validate(self) -> None:
         """Raise ValueError naming the first field whose value is out of range."""
@@ -77,6 +89,8 @@ class TransformerConfig:
             _require(name, value, isinstance(value, (int, float)) and 0.0 <= value < 1.0, "in [0, 1)")
         for name in ("pre_ln", "tie_embeddings", "scale_out_init"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
+        _require("row_major_matmuls", self.row_major_matmuls,
+                 self.row_major_matmuls is None or isinstance(self.row_major_matmuls, bool), "None or a bool")
         _require("activation", self.activation, self.activation in ACTIVATIONS, f"one of {sorted(ACTIVATIONS)}")
         _require("attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS,
                  f"one of {attention.IMPLS}")
@@ -150,6 +164,7 @@ def _attention(config, train, name, decode=False):
         num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
         dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
+        qkv_dot_general=config.dot_general, out_dot_general=config.dot_general,
         dtype=config.dtype, param_dtype=config.param_dtype, name=name,
     )
 
@@ -185,7 +200,7 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, dot_general=cfg.dot_general)
         h = ACTIVATIONS[cfg.activation](dense(cfg.mlp_dim, name="wi")(x))
         out_init = _out_kernel_init(cfg) or nn.linear.default_kernel_init
         return dense(cfg.d_model, kernel_init=out_init, name="wo")(h)
@@ -269,10 +284,14 @@ class Decoder(nn.Module):
             y = DecoderLayer(cfg, name=f"layer_{i}")(
                 y, encoded, src_mask, train, decode, _row(self_head_mask, i), _row(cross_head_mask, i), sow_weights)
         y = _final_norm(cfg, y)
-        if cfg.tie_embeddings:
+        if not cfg.tie_embeddings:
+            logits = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                              dot_general=cfg.dot_general, name="logits")(y)
+        elif cfg.dot_general is None:
             logits = self.embed.attend(y)
-        else:
-            logits = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="logits")(y)
+        else:  # embed.attend's y @ table^T, with the table transposed explicitly
+            y, table = self.embed.promote_dtype(y, self.embed.embedding, dtype=cfg.dtype)
+            logits = row_major_matmul(y.reshape(-1, cfg.d_model), transposed(table)).reshape(*y.shape[:-1], -1)
         return logits.astype(jnp.float32)
 
     def _positions(self, length, decode):

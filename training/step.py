@@ -44,11 +44,15 @@ def parameter_count(params) -> int:
 
 
 def token_losses(logits, targets, weights, label_smoothing):
-    """(smoothed cross-entropy sum, NLL sum, token count) over weighted positions. logits [B, L, V]."""
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
-    smoothed = -jnp.sum(labels * log_probs, axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    """(smoothed cross-entropy sum, NLL sum, token count) over weighted positions. logits [B, L, V].
+
+    With smoothed labels (1 - s) one_hot + s / V, the cross-entropy is (1 - s) NLL + s (lse - mean
+    logit): written so, no [B, L, V] one-hot or log-softmax is materialised, in either pass.
+    """
+    logits = logits.astype(jnp.float32)
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    nll = log_normalizer - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    smoothed = (1.0 - label_smoothing) * nll + label_smoothing * (log_normalizer - jnp.mean(logits, axis=-1))
     return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
 

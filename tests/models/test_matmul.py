@@ -1,0 +1,114 @@
+"""`models.matmul`: the row-major dense product against NumPy and `lax.dot_general`, and its HLO."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import models
+from models.matmul import row_major_dot_general, transposed
+
+DENSE = (((2,), (0,)), ((), ()))  # x [B, L, K] . kernel [K, ...], as flax.linen.Dense calls it
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (48, 32), (30, 20), (16, 16), (1, 7)])
+def test_transposed_is_numpy_transpose(shape):
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    np.testing.assert_array_equal(jax.jit(transposed)(jnp.asarray(x)), x.T)
+
+
+@pytest.mark.parametrize("kernel_shape, dims", [
+    ((32, 48), DENSE),  # Dense; the kernel gradient transposes x
+    ((32, 2), DENSE),  # a narrow output: the kernel gradient transposes the output gradient
+    ((32, 4, 16), DENSE),  # DenseGeneral onto (heads, head_dim)
+    ((6, 32, 48), (((1, 2), (0, 1)), ((), ()))),  # DenseGeneral from two axes (W^O)
+])
+def test_value_and_gradients_match_numpy_and_lax(kernel_shape, dims):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 6, 32)).astype(np.float32)
+    kernel = rng.standard_normal(kernel_shape).astype(np.float32)
+    expected = np.tensordot(x, kernel, axes=(list(dims[0][0]), list(dims[0][1])))
+    got = row_major_dot_general(x, kernel, dims)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+    probe = rng.standard_normal(expected.shape).astype(np.float32)
+    loss = lambda dot: lambda x, k: jnp.sum(jnp.tanh(dot(x, k, dims)) * probe)
+    got_grads = jax.jit(jax.grad(loss(row_major_dot_general), argnums=(0, 1)))(x, kernel)
+    want_grads = jax.grad(loss(lax.dot_general), argnums=(0, 1))(x, kernel)
+    for got, want in zip(got_grads, want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_other_products_go_to_lax_unchanged():
+    rng = np.random.default_rng(1)
+    q, k = (rng.standard_normal((2, 5, 8)).astype(np.float32) for _ in range(2))
+    batched = (((2,), (2,)), ((0,), (0,)))  # q k^T per batch row
+    np.testing.assert_allclose(row_major_dot_general(q, k, batched), np.einsum("bqd,bkd->bqk", q, k), rtol=1e-5)
+    x, w = q[0], k[0].T
+    out = row_major_dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(out, x @ w, rtol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the float32 conversion is XLA:CPU's")
+def test_bfloat16_backward_products_are_not_converted_to_float32():
+    """The module's reason to exist: lax's backward converts x or the kernel to float32; this one does not."""
+    x = jnp.ones((64, 32), jnp.bfloat16)
+    kernel = jnp.ones((32, 48), jnp.bfloat16)
+    dims = (((1,), (0,)), ((), ()))
+
+    def compiled_backward(dot, out_grad):
+        backward = lambda x, k, g: jax.vjp(lambda x, k: dot(x, k, dims), x, k)[1](g)
+        return jax.jit(backward).lower(x, kernel, out_grad).compile().as_text()
+
+    upcast = re.compile(r"f32\[(64,32|32,64|32,48|48,32)\]")  # x, kernel or a transpose, in float32
+    assert upcast.search(compiled_backward(lax.dot_general, jnp.ones((64, 48), jnp.bfloat16)))
+    assert not upcast.search(compiled_backward(row_major_dot_general, jnp.ones((64, 48), jnp.float32)))
+
+
+def test_bfloat16_transformer_matches_the_lax_path():
+    """Row-major on vs off: the same logits and gradients, up to bfloat16 rounding."""
+    src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)
+    tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
+    fields = dict(vocab_size=20, d_model=32, num_heads=4, num_layers=2, mlp_dim=48, max_len=16,
+                  dropout_rate=0.0, dtype=jnp.bfloat16)
+    on, off = (models.Transformer(models.TransformerConfig(**fields, row_major_matmuls=flag)) for flag in (True, False))
+    params = on.init(jax.random.key(0), src, tgt)["params"]
+    loss = lambda model: lambda p: jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, src, tgt))[..., 3])
+    np.testing.assert_allclose(on.apply({"params": params}, src, tgt), off.apply({"params": params}, src, tgt), atol=0.05)
+    got, want = jax.grad(loss(on))(params), jax.grad(loss(off))(params)
+    scale = max(float(jnp.max(jnp.abs(w))) for w in jax.tree.leaves(want))
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        assert float(jnp.max(jnp.abs(g - w))) <= 0.02 * scale, jax.tree_util.keystr(path)
+
+
+def test_auto_is_on_only_for_16_bit_compute_on_cpu():
+    config = lambda **kw: models.TransformerConfig(vocab_size=20, d_model=32, num_heads=4, **kw)
+    on_cpu = jax.default_backend() == "cpu"
+    assert (config(dtype=jnp.bfloat16).dot_general is row_major_dot_general) == on_cpu
+    assert config(dtype=jnp.float32).dot_general is None
+    assert config(dtype=jnp.float32, row_major_matmuls=True).dot_general is row_major_dot_general
+    assert config(dtype=jnp.bfloat16, row_major_matmuls=False).dot_general is None
+
+
+def test_bfloat16_cached_decoding_matches_the_full_pass_with_a_bfloat16_cache():
+    src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)
+    tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
+    config = models.TransformerConfig(vocab_size=20, d_model=32, num_heads=4, num_kv_heads=2, num_layers=2,
+                                      mlp_dim=48, max_len=16, dropout_rate=0.0, dtype=jnp.bfloat16,
+                                      row_major_matmuls=True)
+    model = models.Transformer(config)
+    variables = model.init(jax.random.key(0), src, tgt)
+    encoded = model.apply(variables, src, method=models.Transformer.encode)
+    cache = models.init_cache(model, variables["params"], encoded, src, tgt.shape[1])
+    assert cache["decoder"]["layer_0"]["self_attention"]["cached_key"].dtype == jnp.bfloat16
+    steps = []
+    for t in range(tgt.shape[1]):
+        logits, state = model.apply({**variables, "cache": cache}, encoded, src, tgt[:, t:t + 1],
+                                    method=models.Transformer.decode, decode=True, mutable=["cache"])
+        cache = state["cache"]
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), model.apply(variables, src, tgt), atol=0.05)
