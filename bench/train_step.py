@@ -7,6 +7,7 @@ Adam update) on a full batch of the reference's geometry, slot tokens/s (target 
 ratio of steps/s to the reference measured on this machine (../shared/GUIDE.md section 2:
 small 1.27 steps/s at 20 x 64, base 0.191 steps/s at 32 x 64, both float32, one core), and
 MFU = compiled FLOPs per step / step time / matmul FLOP/s measured in this same run.
+The model runs with its default `row_major_matmuls` (on for bfloat16 on the CPU: models/matmul.py).
 """
 
 from __future__ import annotations

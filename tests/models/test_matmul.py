@@ -75,7 +75,8 @@ def test_bfloat16_transformer_matches_the_lax_path():
     tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
     fields = dict(vocab_size=20, d_model=32, num_heads=4, num_layers=2, mlp_dim=48, max_len=16,
                   dropout_rate=0.0, dtype=jnp.bfloat16)
-    on, off = (models.Transformer(models.TransformerConfig(**fields, row_major_matmuls=flag)) for flag in (True, False))
+    on, off = (models.Transformer(models.TransformerConfig(**fields, row_major_matmuls=flag))
+               for flag in (True, False))
     params = on.init(jax.random.key(0), src, tgt)["params"]
     loss = lambda model: lambda p: jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, src, tgt))[..., 3])
     np.testing.assert_allclose(on.apply({"params": params}, src, tgt), off.apply({"params": params}, src, tgt), atol=0.05)

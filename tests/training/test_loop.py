@@ -121,6 +121,16 @@ def test_time_budget_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["1"]
 
 
+def test_a_bfloat16_run_tracks_the_float32_run_and_keeps_float32_parameters(straight_run, tmp_path):
+    config = tiny_config(20)
+    config.model.dtype = "bfloat16"  # on the CPU: the row-major matmuls of models/matmul.py
+    loop.train_and_evaluate(config, tmp_path)
+    train_losses = lambda workdir: [r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
+                                    if "split" not in r]
+    np.testing.assert_allclose(train_losses(tmp_path), train_losses(straight_run[0]), rtol=0.02)
+    assert {x.dtype for x in jax.tree.leaves(params_of(tmp_path, 20))} == {np.dtype(np.float32)}
+
+
 def test_a_corrupt_latest_checkpoint_is_skipped_and_the_run_redoes_its_steps(straight_run, tmp_path):
     import shutil
 
