@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import attention
-from models.matmul import row_major_dot_general, row_major_matmul, transposed
+from models.matmul import row_major_dot_general, transposed
 
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False)}
 
@@ -291,7 +291,7 @@ class Decoder(nn.Module):
             logits = self.embed.attend(y)
         else:  # embed.attend's y @ table^T, with the table transposed explicitly
             y, table = self.embed.promote_dtype(y, self.embed.embedding, dtype=cfg.dtype)
-            logits = row_major_matmul(y.reshape(-1, cfg.d_model), transposed(table)).reshape(*y.shape[:-1], -1)
+            logits = cfg.dot_general(y, transposed(table), (((y.ndim - 1,), (0,)), ((), ())))
         return logits.astype(jnp.float32)
 
     def _positions(self, length, decode):
