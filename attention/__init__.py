@@ -1,10 +1,12 @@
 """headcount's attention: one-head scaled dot-product attention vmapped into MHA / GQA / MQA."""
 
 from attention.core import IMPLS, attend, choose_impl, dot_product_attention
+from attention.geometry import HeadGeometry
 from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention
 from attention.masks import combine_masks, make_attention_mask, make_causal_mask, make_padding_mask
 
 __all__ = [
+    "HeadGeometry",
     "IMPLS",
     "MultiHeadAttention",
     "MultiHeadDotProductAttention",
