@@ -2,7 +2,7 @@
 
 from attention.core import IMPLS, attend, choose_impl, dot_product_attention
 from attention.geometry import HeadGeometry
-from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention
+from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention, SelfAttention
 from attention.masks import combine_masks, make_attention_mask, make_causal_mask, make_padding_mask
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "IMPLS",
     "MultiHeadAttention",
     "MultiHeadDotProductAttention",
+    "SelfAttention",
     "attend",
     "choose_impl",
     "combine_masks",

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention
-from attention.masks import and_masks, check_mask_like, normalize_window, structure_mask
+from attention.masks import and_masks, as_bool_mask, check_float_like, normalize_window, structure_mask
 
 Array = Any
 IMPLS = ("vmap", "einsum", "xla", "cudnn", "blockwise", "auto")
@@ -70,7 +70,8 @@ def dot_product_attention(
       query: `[batch..., Lq, H, Dk]`.
       key: `[batch..., Lk, G, Dk]` with `H % G == 0` (G == H: MHA, 1 < G < H: GQA, G == 1: MQA).
       value: `[batch..., Lk, G, Dv]`.
-      mask: bool, broadcastable to `[batch..., H, Lq, Lk]`; True = attend.
+      mask: broadcastable to `[batch..., H, Lq, Lk]`; bool (True = attend) or, as in Flax,
+        numeric with non-zero = attend (`attention.masks`). Additive masks go in `bias`.
       bias: float, broadcastable to `[batch..., H, Lq, Lk]`; added to the logits.
       is_causal: query i attends keys j <= i (top-left aligned, as `jax.nn`). ANDed with `mask`.
       local_window_size: `w` or `(left, right)`: query i attends keys i-left..i+right.
@@ -125,17 +126,20 @@ def attend(
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     query, key, value = (jnp.asarray(x) for x in (query, key, value))
     dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(query, key, value)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"dtype must be floating point, got {dtype}")
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise ValueError(f"dtype must be floating point or complex, got {dtype}")
+    if jnp.issubdtype(dtype, jnp.complexfloating) and impl not in ("vmap", "einsum"):
+        if impl != "auto":  # complex: Flax's algebra (q.k without conjugate, complex softmax)
+            raise ValueError(f"complex inputs ({dtype}) need impl='vmap' or 'einsum', got impl={impl!r}")
+        impl = "vmap"
     query, key, value = (x.astype(dtype) for x in (query, key, value))
 
     batch, (Lq, H, Dk), (G, Lk) = _check_shapes(query, key, value, kv_heads_first)
     window = normalize_window(local_window_size)
     logits_shape = (*batch, H, Lq, Lk)
-    mask = None if mask is None else jnp.asarray(mask)
+    mask = as_bool_mask("mask", mask, logits_shape)
     bias = None if bias is None else jnp.asarray(bias)
-    check_mask_like("mask", mask, logits_shape, bool_dtype=True)
-    check_mask_like("bias", bias, logits_shape, bool_dtype=False)
+    check_float_like("bias", bias, logits_shape)
     dropout = _dropout_active(dropout_rate, dropout_rng, deterministic)
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(size, int) or size < 1:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention.core import IMPLS, attend
-from attention.masks import and_masks, check_mask_like, structure_mask
+from attention.masks import and_masks, as_bool_mask, check_float_like, structure_mask
 
 Array = Any
 
@@ -142,8 +142,9 @@ class MultiHeadAttention(nn.Module):
                 deterministic=deterministic, broadcast_dropout=self.broadcast_dropout,
                 dtype=self.dtype, precision=self.precision, kv_heads_first=kv_heads_first,
             )
-            if sow_weights:
-                self.sow("intermediates", "attention_weights", weights)
+            if sow_weights:  # Flax sows float32 weights under force_fp32_for_softmax
+                self.sow("intermediates", "attention_weights",
+                         weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
 
         if head_mask is not None:
             x = x * _head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
@@ -233,9 +234,10 @@ class MultiHeadAttention(nn.Module):
                 f"decode: the cache holds {max_length} positions for batch {tuple(batch)} and "
                 f"{G} KV heads, got queries {query.shape} and keys {key.shape}"
             )
-        check_mask_like("mask", mask, (*batch, self.num_heads, new_length, max_length), bool_dtype=True)
+        mask = as_bool_mask("mask", mask, (*batch, self.num_heads, new_length, max_length))
         cur = cache_index.value
-        start = (0,) * (len(batch) + 1) + (cur, 0)
+        zero = jnp.zeros((), cur.dtype)  # all indices in one dtype, also under jax_enable_x64
+        start = (zero,) * (len(batch) + 1) + (cur, zero)
         updated = (
             lax.dynamic_update_slice(cached_key.value, key_hf.astype(cached_key.value.dtype), start),
             lax.dynamic_update_slice(cached_value.value, value_hf.astype(cached_value.value.dtype), start),
@@ -279,18 +281,71 @@ class MultiHeadDotProductAttention(MultiHeadAttention):
     """`MultiHeadAttention` under Flax's class name: unnamed instances get Flax's parameter paths."""
 
 
+class SelfAttention(MultiHeadDotProductAttention):
+    """Flax's `nn.SelfAttention`: self-attention with `mask` as the second positional argument.
+
+    Deprecated in Flax, and it warns as Flax's does; use `MultiHeadDotProductAttention(x)`.
+    """
+
+    @nn.compact
+    def __call__(  # type: ignore[override]
+        self,
+        inputs_q: Array,
+        mask: Array | None = None,
+        deterministic: bool | None = None,
+        dropout_rng: Array | None = None,
+        sow_weights: bool = False,
+        **kwargs,
+    ) -> Array:
+        """`inputs_q [batch..., L, D]` -> `[batch..., L, out_features or D]`; `kwargs`: `head_mask`, `is_causal`."""
+        warnings.warn(
+            "SelfAttention will be deprecated soon. Use "
+            "`MultiHeadDotProductAttention.__call__(inputs_q)` instead. "
+            "See https://github.com/google/flax/discussions/3389 for more information.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return super().__call__(
+            inputs_q, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
+            sow_weights=sow_weights, **kwargs,
+        )
+
+
 def _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
-    """Flax's rules: k defaults to q, v to k; `inputs_kv` (deprecated) sets both."""
+    """Flax's rules, errors and warnings: k defaults to q, v to k; `inputs_kv` (deprecated) sets both."""
     if inputs_kv is not None:
         if inputs_k is not None or inputs_v is not None:
-            raise ValueError("give either inputs_kv or inputs_k/inputs_v, not both")
-        warnings.warn("inputs_kv is deprecated; use inputs_k and inputs_v", DeprecationWarning, stacklevel=3)
+            raise ValueError(
+                "If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be None. "
+                "If `inputs_kv` is not None, both `inputs_k` and `inputs_v` must be None."
+            )
+        warnings.warn(
+            "The inputs_kv arg will be deprecated soon. Use inputs_k and inputs_v instead. "
+            "See https://github.com/google/flax/discussions/3389 for more information.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         return inputs_kv, inputs_kv
     if inputs_k is None:
         if inputs_v is not None:
-            raise ValueError("inputs_k cannot be None when inputs_v is given")
+            raise ValueError(
+                "`inputs_k` cannot be None if `inputs_v` is not None. To have both `inputs_k` "
+                "and `inputs_v` be the same value, pass it to `inputs_k` and leave `inputs_v` None."
+            )
         inputs_k = inputs_q
-    return inputs_k, inputs_k if inputs_v is None else inputs_v
+    if inputs_v is None:
+        return inputs_k, inputs_k
+    if inputs_v.shape[-1] == inputs_v.shape[-2]:  # Flax's heuristic for a mask passed positionally
+        warnings.warn(
+            f"You are passing an array of shape {inputs_v.shape} to the `inputs_v` arg, when you "
+            "may have intended to pass it to the `mask` arg. As of Flax version 0.7.4, the "
+            "function signature of MultiHeadDotProductAttention's `__call__` method has changed "
+            "to `__call__(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None, "
+            "deterministic=None)`. Use the kwarg `mask` instead.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return inputs_k, inputs_v
 
 
 def _head_multiplier(head_mask, batch, num_heads, dtype):
@@ -300,6 +355,6 @@ def _head_multiplier(head_mask, batch, num_heads, dtype):
         raise ValueError(f"head_mask must be a float array, got dtype {head_mask.dtype}")
     if head_mask.ndim == 0:
         raise ValueError(f"head_mask needs a heads axis (shape [..., {num_heads}]), got a scalar")
-    check_mask_like("head_mask", head_mask, (*batch, num_heads), bool_dtype=False)
+    check_float_like("head_mask", head_mask, (*batch, num_heads))
     head_mask = head_mask.reshape((1,) * (len(batch) + 1 - head_mask.ndim) + head_mask.shape)
     return head_mask[..., None, :, None].astype(dtype)

@@ -1,9 +1,16 @@
-"""Boolean attention masks (True = attend) and their validation.
+"""Attention masks (True = attend) and their validation: one convention, converted at one boundary.
 
-The constructors keep Flax's shapes and arguments (`flax.linen.make_attention_mask`
-and friends) but return `bool` by default, because `dot_product_attention` only
-accepts boolean masks: a float mask is ambiguous (0/1 multiplier or additive
-bias?) and that ambiguity is a classic source of silent bugs.
+Masks as Flax takes them: `bool` is canonical, and a numeric mask (Flax's helpers return
+float32 0/1) means "attend where non-zero", exactly as `jnp.where(mask, ...)` in
+`flax.linen.dot_product_attention` reads it. `as_bool_mask` turns either into `bool` once,
+where a mask enters (`attention.attend` and the layer's decode path), so every `impl`
+sees the same bool mask. Additive masks (0 / -inf, or any learned offset) are not masks:
+pass them as `bias`. A float mask holding anything but 0/1 cannot be caught under `jit`
+(its values are not known there), so `-inf` in a *mask* means "attend", as in Flax.
+
+The constructors keep Flax's shapes and arguments (`flax.linen.make_attention_mask` and
+friends) but return `bool` by default: exact, one byte per entry, and unambiguous next to
+a float bias. Pass `dtype=jnp.float32` for Flax's return type.
 """
 
 from __future__ import annotations
@@ -166,16 +173,24 @@ def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int
     return int(window[0]), int(window[1])
 
 
-def check_mask_like(name: str, array: Array | None, target_shape: Sequence[int], *, bool_dtype: bool) -> None:
-    """Raise a ValueError unless `array` broadcasts to `target_shape` with the right dtype."""
+def as_bool_mask(name: str, mask: Array | None, target_shape: Sequence[int]) -> Array | None:
+    """`mask` (bool, or numeric with non-zero = attend) as bool, after checking it broadcasts to `target_shape`."""
+    if mask is None:
+        return None
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_ and not jnp.issubdtype(mask.dtype, jnp.number):
+        raise ValueError(
+            f"{name} must be bool (True = attend) or numeric (non-zero = attend), got dtype {mask.dtype}"
+        )
+    _check_broadcast(name, mask.shape, target_shape)
+    return mask if mask.dtype == jnp.bool_ else mask != 0
+
+
+def check_float_like(name: str, array: Array | None, target_shape: Sequence[int]) -> None:
+    """Raise a ValueError unless `array` (a bias or head mask) is floating point and broadcasts to `target_shape`."""
     if array is None:
         return
-    if bool_dtype and array.dtype != jnp.bool_:
-        raise ValueError(
-            f"{name} must have dtype bool (True = attend), got {array.dtype}; "
-            "convert with `.astype(bool)` or build it with attention.make_attention_mask"
-        )
-    if not bool_dtype and not jnp.issubdtype(array.dtype, jnp.floating):
+    if not jnp.issubdtype(array.dtype, jnp.floating):
         raise ValueError(f"{name} must be a floating-point array, got dtype {array.dtype}")
     _check_broadcast(name, array.shape, target_shape)
 
