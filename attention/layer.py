@@ -40,7 +40,8 @@ class MultiHeadAttention(nn.Module):
     `attention_fn`, when given, is called Flax-style (`attention_fn(q, k, v, mask=...,
     ...)`) in place of `impl`; `qk_attn_weights_einsum_cls` and
     `attn_weights_value_einsum_cls` are forwarded to it. Softmax always runs in float32
-    in the built-in paths, so `force_fp32_for_softmax` only matters for `attention_fn`.
+    in the built-in paths; there `force_fp32_for_softmax` only makes the sown weights float32,
+    as Flax's are (they are the compute-dtype weights that multiplied V, upcast).
 
     Decoding (`decode=True`): `init` with the full-length input sizes the cache; each
     later call appends its L_new >= 1 keys/values at `cache_index` and attends causally:
@@ -96,7 +97,8 @@ class MultiHeadAttention(nn.Module):
     ) -> Array:
         """Self-attention on `inputs_q [batch..., Lq, D]`, or cross-attention to `inputs_k`/`inputs_v`.
 
-        mask: bool, broadcastable to `[batch..., H, Lq, Lk]` (True = attend).
+        mask: broadcastable to `[batch..., H, Lq, Lk]`: bool (True = attend) or, as Flax's
+          float masks, numeric (non-zero = attend; see `attention.masks`).
         head_mask: float, broadcastable to `[batch..., H]`; scales each head's output before W^O.
         sow_weights: sow the weights `[batch..., H, Lq, Lk]` as `intermediates/attention_weights`.
         Returns `[batch..., Lq, out_features or D]`.
@@ -316,8 +318,10 @@ def _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
     if inputs_kv is not None:
         if inputs_k is not None or inputs_v is not None:
             raise ValueError(
-                "If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be None. "
-                "If `inputs_kv` is not None, both `inputs_k` and `inputs_v` must be None."
+                "If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be None. If "
+                "`inputs_kv` is not None, both `inputs_k` and `inputs_v` must be None. We recommend "
+                "using `inputs_k` and `inputs_v` args, since `inputs_kv` will be deprecated soon. "
+                "See https://github.com/google/flax/discussions/3389 for more information."
             )
         warnings.warn(
             "The inputs_kv arg will be deprecated soon. Use inputs_k and inputs_v instead. "
@@ -329,19 +333,20 @@ def _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
     if inputs_k is None:
         if inputs_v is not None:
             raise ValueError(
-                "`inputs_k` cannot be None if `inputs_v` is not None. To have both `inputs_k` "
-                "and `inputs_v` be the same value, pass it to `inputs_k` and leave `inputs_v` None."
+                "`inputs_k` cannot be None if `inputs_v` is not None. To have both `inputs_k` and "
+                "`inputs_v` be the same value, pass in the value to `inputs_k` and leave `inputs_v` as None."
             )
         inputs_k = inputs_q
     if inputs_v is None:
         return inputs_k, inputs_k
-    if inputs_v.shape[-1] == inputs_v.shape[-2]:  # Flax's heuristic for a mask passed positionally
+    if inputs_v.ndim >= 2 and inputs_v.shape[-1] == inputs_v.shape[-2]:  # Flax's heuristic for a mask passed positionally
         warnings.warn(
             f"You are passing an array of shape {inputs_v.shape} to the `inputs_v` arg, when you "
             "may have intended to pass it to the `mask` arg. As of Flax version 0.7.4, the "
             "function signature of MultiHeadDotProductAttention's `__call__` method has changed "
             "to `__call__(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None, "
-            "deterministic=None)`. Use the kwarg `mask` instead.",
+            "deterministic=None)`. Use the kwarg `mask` instead. See "
+            "https://github.com/google/flax/discussions/3389 and read the docstring for more information.",
             DeprecationWarning,
             stacklevel=3,
         )

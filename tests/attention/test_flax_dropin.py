@@ -173,3 +173,164 @@ def test_flax_wmt_transformer_decodes_step_by_step_as_with_flax(tmp_path):
     np.testing.assert_allclose(ours, theirs, atol=2e-5, rtol=2e-5)
     real = targets > 0  # the full pass masks padded target rows, cached decoding does not
     np.testing.assert_allclose(ours[real], np.asarray(full)[real], atol=2e-5, rtol=2e-5)
+
+
+# The same cases without a snapshot, against Flax's own layer.
+
+X = jax.random.normal(jax.random.key(1), (2, 5, 16))
+TOKENS = np.array([[3, 4, 5, 0, 0], [7, 8, 9, 1, 2]])
+
+
+def flax_and_ours(**kwargs):
+    return nn.MultiHeadDotProductAttention(**kwargs), attention.MultiHeadDotProductAttention(**kwargs)
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum", "xla", "blockwise", "auto"])
+def test_flax_float_masks_work_in_every_impl(impl):
+    """Flax's helpers return float32 0/1; any non-zero entry attends, as in Flax's layer."""
+    theirs, ours = flax_and_ours(num_heads=4)
+    params = theirs.init(KEY, X)
+    mask = nn.combine_masks(nn.make_attention_mask(TOKENS > 0, TOKENS > 0), nn.make_causal_mask(TOKENS))
+    assert mask.dtype == jnp.float32
+    expected = theirs.apply(params, X, mask=mask)  # padded query rows are fully masked
+    ours = ours.clone(impl=impl)
+    for same_mask in (mask, mask.astype(jnp.int32), mask * 3.0, mask.astype(bool)):
+        np.testing.assert_allclose(ours.apply(params, X, mask=same_mask), expected, atol=1e-5)
+        np.testing.assert_allclose(theirs.apply(params, X, mask=same_mask), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum", "xla", "blockwise"])
+def test_flax_float_mask_in_decode_matches_flax_step_by_step(impl):
+    theirs, ours = flax_and_ours(num_heads=4, decode=True)
+    ours = ours.clone(impl=impl)
+    variables = theirs.init(KEY, X)
+    key_padding = nn.make_attention_mask(np.ones((2, 1)), TOKENS > 0)  # [2, 1, 1, 5] float32
+    cache_a, cache_b = ours.init(KEY, X)["cache"], variables["cache"]
+    for t in range(X.shape[1]):
+        step = dict(mask=key_padding, mutable=["cache"])
+        out_a, upd_a = ours.apply({"params": variables["params"], "cache": cache_a}, X[:, t : t + 1], **step)
+        out_b, upd_b = theirs.apply({"params": variables["params"], "cache": cache_b}, X[:, t : t + 1], **step)
+        cache_a, cache_b = upd_a["cache"], upd_b["cache"]
+        np.testing.assert_allclose(out_a, out_b, atol=1e-5, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("force_fp32", [True, False])
+def test_mixed_precision_output_and_sown_weight_dtypes_are_flaxs(force_fp32):
+    theirs, ours = flax_and_ours(num_heads=2, qkv_features=4, dtype=jnp.bfloat16, force_fp32_for_softmax=force_fp32)
+    x = jax.random.uniform(jax.random.key(2), (2, 3, 4))
+    params = theirs.init(KEY, x)
+    run = lambda m: m.apply(params, x, sow_weights=True, mutable=["intermediates"])
+    (out_a, state_a), (out_b, state_b) = run(ours), run(theirs)
+    w_a, w_b = state_a["intermediates"]["attention_weights"][0], state_b["intermediates"]["attention_weights"][0]
+    assert w_a.dtype == w_b.dtype == (jnp.float32 if force_fp32 else jnp.bfloat16)
+    assert out_a.dtype == out_b.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.float32(w_a), np.float32(w_b), atol=1e-2)
+    np.testing.assert_allclose(np.float32(out_a), np.float32(out_b), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum", "auto"])
+def test_complex_inputs_give_flaxs_complex_outputs(impl):
+    theirs, ours = flax_and_ours(num_heads=2, qkv_features=8)
+    x = (X[..., :6] + 1j * X[..., 6:12]).astype(jnp.complex64)
+    params = theirs.init(KEY, x)
+    mask = nn.make_causal_mask(TOKENS)
+    out_a, out_b = ours.clone(impl=impl).apply(params, x, mask=mask), theirs.apply(params, x, mask=mask)
+    assert out_a.dtype == out_b.dtype == jnp.complex64
+    np.testing.assert_allclose(out_a, out_b, atol=1e-4)
+
+
+def test_decode_under_x64_matches_flax():
+    """Cache indices are int32, Python ints int64 under x64: dynamic_update_slice needs one type."""
+    with jax.enable_x64(True):
+        theirs, ours = flax_and_ours(num_heads=2, qkv_features=4, decode=True)
+        x = jax.random.normal(jax.random.key(3), (1, 4, 4))
+        assert x.dtype == jnp.float64
+        variables = theirs.init(KEY, x, x, x)
+        cache_a, cache_b = ours.init(KEY, x, x, x)["cache"], variables["cache"]
+        for t in range(4):
+            step = lambda m, c: m.apply({"params": variables["params"], "cache": c}, x[:, t : t + 1], mutable=["cache"])
+            (out_a, upd_a), (out_b, upd_b) = step(ours, cache_a), step(theirs, cache_b)
+            cache_a, cache_b = upd_a["cache"], upd_b["cache"]
+            assert out_a.dtype == out_b.dtype == jnp.float64
+            np.testing.assert_allclose(out_a, out_b, atol=1e-10, err_msg=f"step {t}")
+
+
+def messages(call, expected):
+    """The warning and error texts `call` produces."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            call()
+        except expected as error:
+            return [str(w.message) for w in caught] + [str(error)]
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, raises",
+    [
+        ((), dict(inputs_kv=X), ()),
+        ((X, X), dict(inputs_kv=X), ValueError),
+        ((None, X), {}, ValueError),
+        ((jnp.ones((2, 16, 16)), jnp.ones((2, 16, 16))), {}, ()),  # Flax's heuristic: a mask in inputs_v?
+    ],
+    ids=["inputs_kv", "inputs_kv-and-inputs_k", "inputs_v-without-inputs_k", "square-inputs_v"],
+)
+def test_deprecation_warnings_and_input_errors_read_as_flaxs(args, kwargs, raises):
+    theirs, ours = flax_and_ours(num_heads=4)
+    expected = messages(lambda: theirs.init(KEY, X, *args, **kwargs), raises)
+    assert expected and messages(lambda: ours.init(KEY, X, *args, **kwargs), raises) == expected
+
+
+def test_self_attention_alias_is_flaxs():
+    """`mask` positional, Flax's deprecation warning, Flax's parameter path `SelfAttention_0`."""
+    mask = nn.make_causal_mask(TOKENS)
+
+    def model(cls):
+        class Model(nn.Module):
+            @nn.compact
+            def __call__(self, x, mask):
+                return cls(num_heads=4)(x, mask)
+
+        return Model()
+
+    with pytest.warns(DeprecationWarning, match="SelfAttention will be deprecated soon"):
+        params = model(nn.SelfAttention).init(KEY, X, mask)
+    assert list(params["params"]) == ["SelfAttention_0"]
+    assert messages(lambda: model(attention.SelfAttention).init(KEY, X, mask), ()) == messages(
+        lambda: model(nn.SelfAttention).init(KEY, X, mask), ()
+    )
+    with pytest.warns(DeprecationWarning, match="SelfAttention will be deprecated soon"):
+        ours = model(attention.SelfAttention).apply(params, X, mask)
+    np.testing.assert_allclose(ours, model(nn.SelfAttention).apply(params, X, mask), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q, k, v: attention.dot_product_attention(q, k, v, mask=np.ones((2, 3, 5, 5), np.float32)),
+         r"mask has shape \(2, 3, 5, 5\), which does not broadcast to \(2, 4, 5, 5\)"),
+        (lambda q, k, v: attention.dot_product_attention(q, k, v, mask=jax.random.split(KEY, 5)),
+         "mask must be bool .* or numeric"),
+        (lambda q, k, v: attention.dot_product_attention(q, k[..., :3, :], v[..., :3, :]),
+         r"query heads \(4\) must be a multiple of key/value heads \(3\)"),
+        (lambda q, k, v: attention.dot_product_attention(q.astype(jnp.complex64), k, v, impl="xla"),
+         "complex inputs .* need impl='vmap' or 'einsum'"),
+        (lambda q, k, v: attention.dot_product_attention(q, k, v, impl="cudnn", mask=np.ones((5, 5), np.float32)),
+         "needs an NVIDIA GPU"),
+    ],
+    ids=["mask-shape", "mask-dtype", "gqa-divisibility", "complex-xla", "cudnn-on-cpu"],
+)
+def test_strictness_that_catches_mistakes_stays(call, message):
+    if "cudnn" in message and jax.default_backend() == "gpu":
+        pytest.skip("cudnn is available here")
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 5, 4, 8)) for i in range(3))
+    with pytest.raises(ValueError, match=message):
+        call(q, k, v)
+
+
+def test_decode_still_checks_the_mask_shape():
+    layer = attention.MultiHeadDotProductAttention(num_heads=4, decode=True)
+    variables = layer.init(KEY, X)
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 1, 1, 4\), which does not broadcast to \(2, 4, 1, 5\)"):
+        layer.apply(variables, X[:, :1], mask=np.ones((2, 1, 1, 4), np.float32), mutable=["cache"])

@@ -275,7 +275,7 @@ def test_bfloat16_layer_runs_with_float32_params():
         (dict(num_heads=4, fused_qkv=True), dict(inputs_k=inputs((2, 5, 16))), "fused_qkv=True"),
         (dict(num_heads=4, impl="xla"), dict(sow_weights=True), "sow_weights=True"),
         (dict(num_heads=4, impl="blockwise"), dict(sow_weights=True), "sow_weights=True"),
-        (dict(num_heads=4), dict(mask=np.ones((2, 1, 6, 6), np.float32)), "mask must have dtype bool"),
+        (dict(num_heads=4), dict(mask=np.ones((2, 3, 6, 6), np.float32)), r"mask has shape \(2, 3, 6, 6\), which does not"),
         (dict(num_heads=4), dict(mask=np.ones((2, 3, 6, 6), bool)), "does not broadcast"),
         (dict(num_heads=4), dict(head_mask=np.ones(4, np.int32)), "head_mask must be a float"),
         (dict(num_heads=4), dict(head_mask=np.ones(3, np.float32)), "head_mask has shape"),

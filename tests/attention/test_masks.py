@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import attention
+from attention.masks import as_bool_mask
 
 
 def test_causal_mask_is_lower_triangular():
@@ -53,8 +54,31 @@ def test_combine_masks_is_logical_and():
         (lambda: attention.combine_masks(np.ones((1, 2), bool), np.ones((1, 3), bool)), "do not broadcast"),
         (lambda: attention.make_attention_mask(np.ones((2, 3)), np.ones((3, 4))), "batch axes"),
         (lambda: attention.make_causal_mask(np.ones(())), "length axis"),
+        (lambda: as_bool_mask("mask", np.ones((2, 3)), (2, 4)), r"mask has shape \(2, 3\)"),
     ],
 )
 def test_bad_mask_inputs_raise(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_numeric_masks_read_as_flaxs_jnp_where_reads_them():
+    """Non-zero attends (so -inf in a *mask* attends: additive masks belong in `bias`)."""
+    numeric = np.array([[0.0, 1.0, 0.5, -np.inf, np.nan, 3.0]], np.float32)
+    for mask in (numeric, numeric.astype(jnp.bfloat16), np.array([[0, 1, 2, -1, 0, 7]], np.int8)):
+        converted = as_bool_mask("mask", mask, (4, 1, 6))
+        assert converted.dtype == jnp.bool_
+        np.testing.assert_array_equal(converted, jnp.where(mask, True, False))
+    assert as_bool_mask("mask", None, (1, 1)) is None
+
+
+def test_helpers_with_dtype_float32_return_flaxs_masks():
+    tokens = np.array([[3, 4, 0], [5, 0, 0]])
+    np.testing.assert_array_equal(
+        attention.make_attention_mask(tokens > 0, tokens > 0, dtype=jnp.float32),
+        nn.make_attention_mask(tokens > 0, tokens > 0),
+    )
+    flax_causal = nn.make_causal_mask(tokens)
+    ours_causal = attention.make_causal_mask(tokens, dtype=jnp.float32)
+    assert ours_causal.dtype == flax_causal.dtype == jnp.float32
+    np.testing.assert_array_equal(ours_causal, flax_causal)
