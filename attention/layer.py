@@ -299,7 +299,7 @@ class SelfAttention(MultiHeadDotProductAttention):
         sow_weights: bool = False,
         **kwargs,
     ) -> Array:
-        """`inputs_q [batch..., L, D]` -> `[batch..., L, out_features or D]`; `kwargs`: `head_mask`, `is_causal`."""
+        """`inputs_q [batch..., L, D]` -> `[batch..., L, out_features or D]`; kwargs: head_mask, is_causal."""
         warnings.warn(
             "SelfAttention will be deprecated soon. Use "
             "`MultiHeadDotProductAttention.__call__(inputs_q)` instead. "
@@ -339,7 +339,8 @@ def _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
         inputs_k = inputs_q
     if inputs_v is None:
         return inputs_k, inputs_k
-    if inputs_v.ndim >= 2 and inputs_v.shape[-1] == inputs_v.shape[-2]:  # Flax's heuristic for a mask passed positionally
+    # Flax's heuristic for a mask passed positionally (the pre-0.7.4 signature)
+    if inputs_v.ndim >= 2 and inputs_v.shape[-1] == inputs_v.shape[-2]:
         warnings.warn(
             f"You are passing an array of shape {inputs_v.shape} to the `inputs_v` arg, when you "
             "may have intended to pass it to the `mask` arg. As of Flax version 0.7.4, the "

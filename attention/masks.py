@@ -174,7 +174,7 @@ def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int
 
 
 def as_bool_mask(name: str, mask: Array | None, target_shape: Sequence[int]) -> Array | None:
-    """`mask` (bool, or numeric with non-zero = attend) as bool, after checking it broadcasts to `target_shape`."""
+    """`mask` (bool, or numeric: non-zero = attend) as bool, once checked to broadcast to `target_shape`."""
     if mask is None:
         return None
     mask = jnp.asarray(mask)
@@ -187,7 +187,7 @@ def as_bool_mask(name: str, mask: Array | None, target_shape: Sequence[int]) -> 
 
 
 def check_float_like(name: str, array: Array | None, target_shape: Sequence[int]) -> None:
-    """Raise a ValueError unless `array` (a bias or head mask) is floating point and broadcasts to `target_shape`."""
+    """Raise a ValueError unless `array` (bias, head mask) is floating point and broadcasts to `target_shape`."""
     if array is None:
         return
     if not jnp.issubdtype(array.dtype, jnp.floating):

@@ -1,7 +1,7 @@
 """Our layer as a drop-in for `flax.linen.MultiHeadDotProductAttention`.
 
 Two scenarios run code from a google/flax snapshot, unchanged, with our classes swapped into
-`flax.linen` (set `FLAX_GIT_DIR` to a clone or bare git dir; `FLAX_GIT_REF`, default HEAD):
+`flax.linen` (set `FLAX_GIT_DIR` to its git dir: a bare repo or a clone's .git; `FLAX_GIT_REF`, default HEAD):
 Flax's own Linen attention tests, and Flax's `examples/wmt` Transformer. The snapshot runs
 against the *installed* flax, so a snapshot test that fails with Flax's own layer there is
 version-specific: it is reported, and only the tests Flax passes are required of ours.
@@ -34,8 +34,6 @@ OURS = {
     "MultiHeadAttention": attention.MultiHeadAttention,
     "SelfAttention": attention.SelfAttention,
 }
-
-
 FLAXS = {name: getattr(nn, name) for name in OURS}
 
 
