@@ -226,6 +226,20 @@ def test_mixed_precision_output_and_sown_weight_dtypes_are_flaxs(force_fp32):
     np.testing.assert_allclose(np.float32(out_a), np.float32(out_b), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{}, dict(param_dtype=jnp.bfloat16), dict(dtype=jnp.float16)], ids=["promoted", "bf16-params", "f16"]
+)
+def test_bfloat16_inputs_give_flaxs_output_and_weight_dtypes(kwargs):
+    theirs, ours = flax_and_ours(num_heads=2, **kwargs)
+    x = jax.random.uniform(jax.random.key(2), (2, 3, 4)).astype(jnp.bfloat16)
+    params = theirs.init(KEY, x)
+    dtypes = [
+        (out.dtype, state["intermediates"]["attention_weights"][0].dtype)
+        for out, state in (m.apply(params, x, sow_weights=True, mutable=["intermediates"]) for m in (ours, theirs))
+    ]
+    assert dtypes[0] == dtypes[1]
+
+
 @pytest.mark.parametrize("impl", ["vmap", "einsum", "auto"])
 def test_complex_inputs_give_flaxs_complex_outputs(impl):
     theirs, ours = flax_and_ours(num_heads=2, qkv_features=8)
