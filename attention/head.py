@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 Array = Any
 # A few queries against many keys (a decode step against its cache): logits as (K Qᵀ)ᵀ, so
-# XLA:CPU streams K instead of repacking it (bench/decode_speed.py, results/decode_bench.md).
+# XLA:CPU streams K instead of repacking it (bench/decode.py, results/decode_bench.md).
 FEW_QUERIES_PER_KEY = 1 / 8
 
 

@@ -49,7 +49,8 @@ class MultiHeadAttention(nn.Module):
     later call appends its L_new >= 1 keys/values at `cache_index` and attends causally:
     a query at absolute position p sees cached positions <= p (so `is_causal` is implied).
     The cache holds only the G KV heads, laid out `[batch..., G, max_length, D]` (the layout
-    attention computes in, `attention.grouped`); jit the step with the cache donated and XLA writes the new entries into the same buffer.
+    attention computes in, `attention.grouped`); jit the step with the cache donated and XLA
+    writes the new entries into the same buffer.
     Writing past `max_length` is not checked inside `jit` (positions clamp, as in Flax).
     """
 
@@ -133,11 +134,6 @@ class MultiHeadAttention(nn.Module):
             )
         else:
             impl = "vmap" if sow_weights and self.impl == "auto" else self.impl
-            if sow_weights and impl in ("xla", "cudnn", "blockwise"):
-                raise ValueError(
-                    f"sow_weights=True needs the attention weights, which impl={impl!r} "
-                    "does not expose; use impl='vmap', 'einsum' or 'auto'"
-                )
             blocks = {} if self.block_sizes is None else dict(zip(("block_q", "block_k"), self.block_sizes))
             x, weights = attend(
                 query, key, value, mask=mask, is_causal=is_causal, impl=impl, **blocks,
@@ -146,6 +142,11 @@ class MultiHeadAttention(nn.Module):
                 dtype=self.dtype, precision=self.precision,
             )
             if sow_weights:
+                if weights is None:
+                    raise ValueError(
+                        f"sow_weights=True needs the attention weights, which impl={impl!r} "
+                        "does not expose; use impl='vmap', 'einsum' or 'auto'"
+                    )
                 self.sow("intermediates", "attention_weights", weights)
 
         if head_mask is not None:
