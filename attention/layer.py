@@ -1,8 +1,8 @@
 """`MultiHeadAttention`: a Flax Linen drop-in for `nn.MultiHeadDotProductAttention` with GQA/MQA.
 
-With `num_kv_heads == num_heads` and `fused_qkv=False` the parameter tree is Flax's
-(`query`/`key`/`value` kernels `[D, H, Dk]`, `out` kernel `[H, Dk, Dout]`), so Flax
-checkpoints load unchanged. `MultiHeadDotProductAttention` is the same class under
+With `num_kv_heads == num_heads`, `v_head_dim=None` and `fused_qkv=False` the parameter
+tree is Flax's (`query`/`key`/`value` kernels `[D, H, Dk]`, `out` kernel `[H, Dk, Dout]`), so
+Flax checkpoints load unchanged. `MultiHeadDotProductAttention` is the same class under
 Flax's class name, so that an unnamed submodule keeps Flax's automatic parameter path
 (`MultiHeadDotProductAttention_0`) when a model swaps the import.
 """
@@ -19,7 +19,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax import lax
 
-from attention.core import IMPLS, attend
+from attention.core import attend
+from attention.geometry import HeadGeometry
 from attention.masks import and_masks, as_bool_mask, check_float_like, structure_mask
 
 Array = Any
@@ -30,6 +31,8 @@ class MultiHeadAttention(nn.Module):
 
     Attributes are Flax's `MultiHeadDotProductAttention` attributes plus:
       num_kv_heads: key/value heads G (default `num_heads`); must divide `num_heads`.
+      v_head_dim: value width per head d_v (default d_k = qkv_features / num_heads): value
+        kernel `[D, G, d_v]`, out kernel `[H, d_v, Dout]`. impl 'xla'/'cudnn' need d_v == d_k.
       impl: attention computation, one of `attention.IMPLS` (ignored if `attention_fn` is set).
         With `sow_weights=True`, "auto" runs "vmap" (the weights are needed).
       block_sizes: `(block_q, block_k)` of `impl="blockwise"` (default: the library's).
@@ -46,8 +49,9 @@ class MultiHeadAttention(nn.Module):
     Decoding (`decode=True`): `init` with the full-length input sizes the cache; each
     later call appends its L_new >= 1 keys/values at `cache_index` and attends causally:
     a query at absolute position p sees cached positions <= p (so `is_causal` is implied).
-    The cache holds only the G KV heads, laid out `[batch..., G, max_length, Dk]`; jit the
-    step with the cache donated and XLA writes the new entries into the same buffer.
+    The cache holds only the G KV heads, laid out `[batch..., G, max_length, D]` (the layout
+    attention computes in, `attention.grouped`); jit the step with the cache donated and XLA
+    writes the new entries into the same buffer.
     Writing past `max_length` is not checked inside `jit` (positions clamp, as in Flax).
     """
 
@@ -79,6 +83,7 @@ class MultiHeadAttention(nn.Module):
     impl: str = "vmap"
     fused_qkv: bool = False
     block_sizes: tuple[int, int] | None = None
+    v_head_dim: int | None = None
 
     @nn.compact
     def __call__(
@@ -104,8 +109,8 @@ class MultiHeadAttention(nn.Module):
         Returns `[batch..., Lq, out_features or D]`.
         """
         inputs_k, inputs_v = _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
-        num_kv_heads, head_dim = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q)
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, num_kv_heads, head_dim)
+        geometry = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q)
+        query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
         if self.normalize_qk:
             layer_norm = functools.partial(
                 nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype
@@ -113,11 +118,10 @@ class MultiHeadAttention(nn.Module):
             query = layer_norm(name="query_ln")(query)
             key = layer_norm(name="key_ln")(key)
 
-        kv_heads_first = False
         if self.decode:
             key, value, mask, cached = self._use_cache(query, key, value, mask)
             if cached:  # the cache mask already makes the call causal, at the right offset
-                kv_heads_first, is_causal = True, False
+                is_causal = False
 
         if self.dropout_rate > 0.0:
             deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
@@ -128,23 +132,24 @@ class MultiHeadAttention(nn.Module):
 
         if self.attention_fn is not None:
             x = self._call_attention_fn(
-                query, key, value, mask, is_causal, kv_heads_first, deterministic, dropout_rng, sow_weights
+                query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
             )
         else:
             impl = "vmap" if sow_weights and self.impl == "auto" else self.impl
-            if sow_weights and impl in ("xla", "cudnn", "blockwise"):
-                raise ValueError(
-                    f"sow_weights=True needs the attention weights, which impl={impl!r} "
-                    "does not expose; use impl='vmap', 'einsum' or 'auto'"
-                )
             blocks = {} if self.block_sizes is None else dict(zip(("block_q", "block_k"), self.block_sizes))
             x, weights = attend(
                 query, key, value, mask=mask, is_causal=is_causal, impl=impl, **blocks,
                 dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
                 deterministic=deterministic, broadcast_dropout=self.broadcast_dropout,
-                dtype=self.dtype, precision=self.precision, kv_heads_first=kv_heads_first,
+                dtype=self.dtype, precision=self.precision,
             )
-            if sow_weights:  # Flax sows float32 weights under force_fp32_for_softmax
+            if sow_weights:
+                if weights is None:
+                    raise ValueError(
+                        f"sow_weights=True needs the attention weights, which impl={impl!r} "
+                        "does not expose; use impl='vmap', 'einsum' or 'auto'"
+                    )
+                # Flax sows float32 weights under force_fp32_for_softmax
                 self.sow("intermediates", "attention_weights",
                          weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
 
@@ -165,22 +170,17 @@ class MultiHeadAttention(nn.Module):
         )(x)
 
     def _check_config(self, inputs_q, is_self_attention):
-        """Validate the attributes; return (num_kv_heads, head_dim)."""
-        H = self.num_heads
-        if not isinstance(H, int) or H < 1:
-            raise ValueError(f"num_heads must be a positive int, got {H!r}")
-        num_kv_heads = H if self.num_kv_heads is None else self.num_kv_heads
-        if not isinstance(num_kv_heads, int) or num_kv_heads < 1 or H % num_kv_heads:
+        """Validate the attributes; return the resolved `HeadGeometry`."""
+        owner = f"{type(self).__name__}."
+        geometry = HeadGeometry.resolve(
+            self.num_heads, num_kv_heads=self.num_kv_heads, v_head_dim=self.v_head_dim,
+            features=self.qkv_features or inputs_q.shape[-1], features_name="qkv_features", owner=owner,
+        )
+        if self.fused_qkv and geometry.v_head_dim != geometry.head_dim:
             raise ValueError(
-                f"num_heads ({H}) must be divisible by num_kv_heads ({num_kv_heads!r})"
+                f"{owner}v_head_dim = {self.v_head_dim}; fused_qkv=True needs v_head_dim None "
+                f"or head_dim ({geometry.head_dim}): q, k and v share one kernel"
             )
-        qkv_features = self.qkv_features or inputs_q.shape[-1]
-        if qkv_features % H:
-            raise ValueError(
-                f"qkv_features ({qkv_features}) must be divisible by num_heads ({H})"
-            )
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
         if self.fused_qkv and not is_self_attention:
             raise ValueError(
                 "fused_qkv=True projects q, k and v from one input; it needs self-attention "
@@ -192,10 +192,10 @@ class MultiHeadAttention(nn.Module):
                 "qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
                 "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too"
             )
-        return num_kv_heads, qkv_features // H
+        return geometry
 
-    def _project(self, inputs_q, inputs_k, inputs_v, num_kv_heads, head_dim):
-        """q [batch..., Lq, H, Dk], k/v [batch..., Lk, G, Dk]."""
+    def _project(self, inputs_q, inputs_k, inputs_v, geometry):
+        """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk], v [batch..., Lk, G, Dv]."""
         dense = functools.partial(
             nn.DenseGeneral,
             axis=-1,
@@ -208,18 +208,23 @@ class MultiHeadAttention(nn.Module):
             dot_general=self.qkv_dot_general,
             dot_general_cls=self.qkv_dot_general_cls,
         )
-        H, G = self.num_heads, num_kv_heads
+        H, G, d_k = geometry.num_heads, geometry.num_kv_heads, geometry.head_dim
         if self.fused_qkv:
-            qkv = dense(features=(H + 2 * G, head_dim), name="qkv")(inputs_q)
+            qkv = dense(features=(H + 2 * G, d_k), name="qkv")(inputs_q)
             return jnp.split(qkv, [H, H + G], axis=-2)
         return (
-            dense(features=(H, head_dim), name="query")(inputs_q),
-            dense(features=(G, head_dim), name="key")(inputs_k),
-            dense(features=(G, head_dim), name="value")(inputs_v),
+            dense(features=(H, d_k), name="query")(inputs_q),
+            dense(features=(G, d_k), name="key")(inputs_k),
+            dense(features=(G, geometry.v_head_dim), name="value")(inputs_v),
         )
 
     def _use_cache(self, query, key, value, mask):
-        """Append key/value to the cache; return (keys, values, mask, cached)."""
+        """Append key/value to the cache; return (keys, values, mask, cached).
+
+        The cache is `[batch..., G, max_length, D]`, the internal layout; the keys and values
+        return to the caller's `[batch..., L, G, D]` by a transpose that `attend` undoes, and
+        XLA folds the pair away.
+        """
         key_hf, value_hf = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
         is_initialized = self.has_variable("cache", "cached_key")
         # in the compute dtype: a projection's dot_general may return a wider type
@@ -251,14 +256,13 @@ class MultiHeadAttention(nn.Module):
         query_positions = cur + jnp.arange(new_length)
         cache_mask = jnp.arange(max_length)[None, :] <= query_positions[:, None]
         mask = and_masks(mask, cache_mask)
-        return cached_key.value, cached_value.value, mask, True
+        to_caller = lambda x: jnp.swapaxes(x, -3, -2)
+        return to_caller(cached_key.value), to_caller(cached_value.value), mask, True
 
     def _call_attention_fn(
-        self, query, key, value, mask, is_causal, kv_heads_first, deterministic, dropout_rng, sow_weights
+        self, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
     ):
         """Call a user `attention_fn` the way Flax does (unknown kwargs are filtered out)."""
-        if kv_heads_first:
-            key, value = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
         mask = and_masks(mask, structure_mask(query.shape[-3], key.shape[-3], is_causal, None))
         kwargs = dict(
             mask=mask,

@@ -1,7 +1,7 @@
 """Decode-step speed and KV-cache size: MHA, GQA and MQA against Flax's decode cache, same run.
 
-    taskset -c 1 python bench/decode.py                 # the README table
-    taskset -c 1 python bench/decode.py --lengths 1024 --reps 10
+    taskset -c 1 python -m bench.decode                 # the README table
+    taskset -c 1 python -m bench.decode --lengths 1024 --reps 10
 
 One step is one jitted layer call on one new token per sequence (batch 8, d_model 512, 8 query
 heads, projections included) with the cache half full, its cache passed in and returned.
@@ -15,19 +15,13 @@ Times are medians of the process's CPU time per step (`--clock wall` for wall-cl
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a file, bench/ would shadow the `attention` package
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 import attention
+from bench.timing import CLOCKS, median_ms
 
 BATCH, WIDTH, HEADS = 8, 512, 8
 
@@ -50,25 +44,21 @@ def step_ms(layer, length, reps, donate, clock):
 
     step = jax.jit(step, donate_argnums=(1,) if donate else ())
     size = cache_bytes(cache)
-    for _ in range(2):  # compile and warm up
-        out, cache = step(params, cache, token)
-        jax.block_until_ready(out)
-    times = []
-    for _ in range(reps):
-        start = clock()
+
+    def run():  # the cache each step returns is the next step's (donated) input
+        nonlocal cache
         out, cache = step(params, cache, token)
         jax.block_until_ready((out, cache))
-        times.append((clock() - start) * 1e3)
-    return statistics.median(times), size
+
+    return median_ms(run, reps, clock=clock, warmup=2), size
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096])
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     args = parser.parse_args()
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
           f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n")
     print("| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied | copied / donated |")
@@ -79,8 +69,8 @@ def main():
     for length in args.lengths:
         reference = None
         for name, kv_heads, layer in layers:
-            donated, size = step_ms(layer, length, args.reps, True, clock)
-            copied, _ = step_ms(layer, length, args.reps, False, clock)
+            donated, size = step_ms(layer, length, args.reps, True, args.clock)
+            copied, _ = step_ms(layer, length, args.reps, False, args.clock)
             reference = reference or donated
             print(
                 f"| {name} | {kv_heads} | {length} | {size / 2**20:.1f} | {donated:.3f} | {donated / reference:.3f} "

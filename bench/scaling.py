@@ -1,7 +1,7 @@
 """Communication in the compiled, sharded train step per device mesh (and, on a GPU, one-GPU step time).
 
-    python bench/scaling.py                  # CPU: 8 fake devices, meshes of 1, 2, 4, 8 (results/scaling.md)
-    python bench/scaling.py --gpu            # one GPU: base size, bfloat16, cudnn vs XLA attention
+    python -m bench.scaling                  # CPU: 8 fake devices, meshes of 1, 2, 4, 8 (results/scaling.md)
+    python -m bench.scaling --gpu            # one GPU: base size, bfloat16, cudnn vs XLA attention
 
 Fake CPU devices share the machine's cores, so their step times say nothing about scaling.
 What the mesh changes, and what this script reports, is the collectives XLA put into the step
@@ -14,20 +14,19 @@ device holds. The ratio column compares total collective bytes with pure data pa
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
-from pathlib import Path
 
 if "--gpu" not in sys.argv:  # before JAX starts: the device count is fixed then
     # LLVM -O0: the collectives are placed by XLA's HLO passes, before the LLVM back end; it only compiles faster
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import jax
 import numpy as np
 
+from bench.timing import median_ms
 from configs import default
 from models import Transformer
 from training import config as config_lib, parallel, step as step_lib
@@ -139,9 +138,6 @@ def cpu_tables(args):
 
 def gpu_table(args):
     """Single-GPU step time at Transformer-base size, bfloat16: cudnn attention against XLA's, same run."""
-    import functools
-    import statistics
-    import time
 
     def seconds(impl):
         config = make_config("base", 1, 1, None, False)
@@ -152,13 +148,13 @@ def gpu_table(args):
         arrays = {"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights}
         state = jax.jit(lambda r: step_lib.create_state(model, tx, r, batch))(jax.random.key(0))
         step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
-        times = []
-        for i in range(args.reps + 2):  # the first two calls compile
-            start = time.perf_counter()
+
+        def run():  # each step trains on from the last step's state
+            nonlocal state
             state, metrics = step(state, arrays, jax.random.key(1))
             jax.block_until_ready(metrics["loss"])
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[2:])
+
+        return median_ms(run, args.reps, clock="wall", warmup=2) / 1e3  # the first two calls compile
 
     device = jax.devices()[0]
     results = {impl: seconds(impl) for impl in ("xla", "cudnn")}

@@ -1,32 +1,22 @@
-"""Time `torch.nn.functional.scaled_dot_product_attention` on one thread, as bench/attention.py's peer.
+"""Time `torch.nn.functional.scaled_dot_product_attention` on one thread, as bench/attention_speed.py's peer.
 
-Needs only torch and NumPy, so it can run under another Python than the project's (torch's
-CPU wheel here exists for Python 3.11 only):
+Needs only torch, NumPy and bench/timing.py, so it can run under another Python than the
+project's (torch's CPU wheel here exists for Python 3.11 only), from the repository root:
 
-    python bench/torch_sdpa.py 1,2048,8,64,8 --causal --reps 3 --dtype float32 --clock cpu
+    python -m bench.torch_sdpa 1,2048,8,64,8 --causal --reps 3 --dtype float32 --clock cpu
 
 Prints one JSON object: median forward and forward+backward milliseconds (gradients w.r.t.
-q, k, v of sum(out * cotangent), as in bench/attention.py) and torch's version. Inputs are
+q, k, v of sum(out * cotangent), as in bench/attention_speed.py) and torch's version. Inputs are
 standard normal, laid out [B, H, N, D] as torch expects; timing does not depend on the values.
 """
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import torch
 
-
-def median_ms(fn, reps, clock):
-    fn()  # warm up
-    times = []
-    for _ in range(reps):
-        start = clock()
-        fn()
-        times.append((clock() - start) * 1e3)
-    return statistics.median(times)
+from bench.timing import CLOCKS, median_ms
 
 
 def main():
@@ -35,12 +25,11 @@ def main():
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     args = parser.parse_args()
     B, N, H, D, G = (int(x) for x in args.shape.split(","))
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rng = np.random.default_rng(0)
     make = lambda heads: torch.from_numpy(rng.standard_normal((B, heads, N, D), np.float32)).to(dtype)
     q, k, v, cotangent = make(H), make(G), make(G), make(H)
@@ -56,8 +45,8 @@ def main():
         torch.autograd.grad((sdpa(*leaves) * cotangent).sum(), leaves)
 
     print(json.dumps({
-        "forward_ms": median_ms(forward, args.reps, clock),
-        "forward_backward_ms": median_ms(forward_backward, args.reps, clock),
+        "forward_ms": median_ms(forward, args.reps, clock=args.clock),
+        "forward_backward_ms": median_ms(forward_backward, args.reps, clock=args.clock),
         "torch": torch.__version__,
     }))
 

@@ -1,6 +1,6 @@
 """Training-step throughput against Flax examples/wmt, with model FLOPs utilisation.
 
-    taskset -c 0 python bench/train_step.py           # the README table (one core)
+    taskset -c 0 python -m bench.train_step           # the README table (one core)
 
 For each size and compute dtype: median seconds of a compiled train step (forward, backward,
 Adam update) on a full batch of the reference's geometry, slot tokens/s (target side), the
@@ -13,14 +13,6 @@ The model runs with its default `row_major_matmuls` (on for bfloat16 on the CPU:
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
 import functools
 
 import jax
@@ -28,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bench.timing import median_ms
 from models import Transformer, TransformerConfig
 from training import step as step_lib
 
@@ -47,14 +40,8 @@ def matmul_flops_per_s(dtype, n=2048, reps=5) -> float:
 
 
 def median_seconds(fn, args, reps):
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Wall-clock seconds of `fn(*args)` (the first two calls compile and warm up)."""
+    return median_ms(lambda: jax.block_until_ready(fn(*args)), reps, clock="wall", warmup=2) / 1e3
 
 
 def bench(size: str, dtype: str, reps: int):

@@ -9,7 +9,7 @@ import pytest
 
 import attention
 import reference
-from attention.blockwise import block_schedule
+from attention.impl.blockwise import block_schedule
 from attention.masks import structure_mask
 
 

@@ -294,3 +294,52 @@ def test_decode_rejects_more_tokens_than_the_cache_holds():
     variables = layer.init(KEY, inputs((2, 3, 16)))
     with pytest.raises(ValueError, match="the cache holds 3 positions"):
         layer.apply(variables, inputs((2, 4, 16)), mutable=["cache"])
+
+
+@pytest.mark.parametrize("impl", ["vmap", "einsum", "blockwise"])
+def test_value_head_dim_differs_from_key_head_dim(impl):
+    """d_k = 16 / 4 = 4, d_v = 6: value kernel [D, G, d_v], out kernel [H, d_v, D]; NumPy reference."""
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, v_head_dim=6, impl=impl)
+    x_q, x_kv = inputs((2, 3, 16)), inputs((2, 5, 16), seed=1)
+    params = jax.tree.map(np.asarray, layer.init(KEY, x_q, x_kv)["params"])
+    assert params["key"]["kernel"].shape == (16, 2, 4)
+    assert params["value"]["kernel"].shape == (16, 2, 6)
+    assert params["out"]["kernel"].shape == (4, 6, 16)
+    x_q, x_kv = np.asarray(x_q, np.float64), np.asarray(x_kv, np.float64)
+    project = lambda x, p: np.einsum("bld,dhk->blhk", x, p["kernel"]) + p["bias"]
+    q, k, v = project(x_q, params["query"]), project(x_kv, params["key"]), project(x_kv, params["value"])
+    mask = np.array([[1] * 5, [1] * 3 + [0] * 2], bool)[:, None, None, :]
+    heads, _ = reference.attention(q, k, v, mask=mask)
+    assert heads.shape == (2, 3, 4, 6)
+    expected = np.einsum("blhk,hkd->bld", heads, params["out"]["kernel"]) + params["out"]["bias"]
+    np.testing.assert_allclose(layer.apply({"params": params}, x_q, x_kv, mask=mask), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_decode_equals_the_full_pass_with_value_head_dim(kv_heads):
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=kv_heads, v_head_dim=3, decode=True)
+    x = inputs()
+    variables = layer.init(KEY, x)
+    assert variables["cache"]["cached_key"].shape == (2, kv_heads, 6, 4)
+    assert variables["cache"]["cached_value"].shape == (2, kv_heads, 6, 3)
+    full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
+    cache, outs, start = variables["cache"], [], 0
+    for size in (3, 1, 1, 1):
+        out, updated = layer.apply({"params": variables["params"], "cache": cache}, x[:, start : start + size], mutable=["cache"])
+        cache, start = updated["cache"], start + size
+        outs.append(out)
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(impl="xla"), "v_head_dim"),
+        (dict(fused_qkv=True), "v_head_dim = 8; fused_qkv=True"),
+        (dict(v_head_dim=0), "MultiHeadAttention.v_head_dim = 0; expected None or a positive int"),
+    ],
+)
+def test_bad_value_head_dims_raise(kwargs, message):
+    layer = attention.MultiHeadAttention(num_heads=4, **{"v_head_dim": 8, **kwargs})
+    with pytest.raises(ValueError, match=message):
+        layer.init(KEY, inputs())

@@ -1,4 +1,4 @@
-"""Blockwise (FlashAttention-2 style) exact attention in pure JAX, for long sequences on CPU.
+"""`impl="blockwise"`: FlashAttention-2 style exact attention in pure JAX, for long sequences on CPU.
 
 Queries and keys are cut into blocks of `block_q` x `block_k` positions. A static schedule
 lists the (query block, key block) pairs that causal / sliding-window structure leaves
@@ -7,7 +7,7 @@ online softmax (running max `m`, running sum `l`) over the scheduled pairs and s
 log-sum-exp per query row; the `custom_vjp` backward recomputes each block's probabilities from
 it. Memory is O(N·D + block_q·block_k) instead of O(N²).
 
-Layout inside: q `[B, G, R, Lq, Dk]` (R = H/G query heads per KV head, already scaled by
+Layout inside the kernel: q `[B, G, R, Lq, Dk]` (R = H/G query heads per KV head, already scaled by
 1/sqrt(Dk)), k/v `[B, G, Lk, D]`, so GQA/MQA contract each KV head with its R query heads in
 one matmul and K/V are never repeated. Every block product is A·B or A·Bᵀ, never Aᵀ·B (a
 contraction over both operands' leading axis, which XLA:CPU runs ~1.6x slower): the backward
@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from attention.grouped import Options
 
 Array = Any
 # At N = 2048 (1 x 8 heads x 64), 256 x 256 had the fastest forward and was within 3 % of the best
@@ -87,29 +89,15 @@ def block_schedule(
     return Schedule(block_q, block_k, nq, nk, as_array(full), as_array(partial))
 
 
-def blockwise_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Array | None,
-    bias: Array | None,
-    *,
-    is_causal: bool,
-    window: tuple[int, int] | None,
-    block_q: int,
-    block_k: int,
-    dropout_rate: float,
-    dropout_rng: Array | None,
-    broadcast_dropout: bool,
-    precision: Any,
-) -> Array:
-    """q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]`; mask/bias `[B|1, G|1, R|1, Lq|1, Lk|1]` -> `[B, Lq, G, R, Dv]`.
+def attention(q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None, options: Options) -> tuple[Array, None]:
+    """The `attention.grouped` signature: q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]` -> (`[B, Lq, G, R, Dv]`, None).
 
     Pads the lengths to whole blocks, lays the arrays out for the kernel and calls it; JAX
     differentiates the padding and layout, the kernel has its own backward.
     """
+    is_causal, window = options.is_causal, options.window
     Lq, Lk = q.shape[1], k.shape[2]
-    plan = block_schedule(Lq, Lk, block_q, block_k, is_causal, window)
+    plan = block_schedule(Lq, Lk, options.block_q, options.block_k, is_causal, window)
     pad_q, pad_k = plan.num_q_blocks * plan.block_q - Lq, plan.num_k_blocks * plan.block_k - Lk
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     q = _pad_axis(jnp.transpose(q, (0, 2, 3, 1, 4)), 3, pad_q, 0)  # [B, G, R, Lq, Dk]
@@ -118,11 +106,11 @@ def blockwise_attention(
     pad = lambda x, fill: None if x is None else _pad_to_blocks(x, pad_q, pad_k, fill)
     mask, bias = pad(mask, True), pad(bias, 0)
     config = _Config(
-        plan=plan, key_length=Lk, is_causal=is_causal, window=window, dropout_rate=dropout_rate,
-        broadcast_dropout=broadcast_dropout, precision=precision,
+        plan=plan, key_length=Lk, is_causal=is_causal, window=window, dropout_rate=options.dropout_rate,
+        broadcast_dropout=options.broadcast_dropout, precision=options.precision,
     )
-    out = _kernel(config, q, k, v, mask, bias, dropout_rng)
-    return jnp.transpose(out[:, :, :, :Lq], (0, 3, 1, 2, 4))
+    out = _kernel(config, q, k, v, mask, bias, options.dropout_rng)
+    return jnp.transpose(out[:, :, :, :Lq], (0, 3, 1, 2, 4)), None
 
 
 def _pad_axis(x, axis, amount, fill):

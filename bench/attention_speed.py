@@ -1,16 +1,16 @@
 """Attention speed and memory: every `impl` against `jax.nn` (XLA) measured in the same run.
 
-    taskset -c 1 python bench/attention.py --reps 3 --impls vmap einsum blockwise auto xla \
+    taskset -c 1 python -m bench.attention_speed --reps 3 --impls vmap einsum blockwise auto xla \
         --torch-python /tmp/torchvenv/bin/python              # the README speed table
-    taskset -c 1 python bench/attention.py --shapes 1,2048,8,64,8 --blocks 256x256 512x512
-    taskset -c 1 python bench/attention.py --memory 8192 16384   # peak memory, fresh process per point
-    taskset -c 1 python bench/attention.py --compiled-memory 8192 16384 --impls blockwise  # XLA's plan
+    taskset -c 1 python -m bench.attention_speed --shapes 1,2048,8,64,8 --blocks 256x256 512x512
+    taskset -c 1 python -m bench.attention_speed --memory 8192 16384   # peak memory, fresh process per point
+    taskset -c 1 python -m bench.attention_speed --compiled-memory 8192 16384 --impls blockwise  # XLA's plan
 
 Speed: a markdown table of median milliseconds of the jitted forward and forward+backward
 (gradients w.r.t. q, k, v), causal and not, for each formulation, with the ratio to
 `jax.nn.dot_product_attention(implementation="xla")` on the same shape (lower is faster) and
 to `torch.nn.functional.scaled_dot_product_attention` on the same core, timed by
-`bench/torch_sdpa.py` in a child process of `--torch-python` (torch's CPU wheel may need another
+`bench.torch_sdpa` in a child process of `--torch-python` (torch's CPU wheel may need another
 Python than JAX's; the default is this Python when it has torch; without torch the column is
 n/a). `--clock cpu` (default) times with the process's CPU time, which on a core shared with
 other jobs counts only this process's work; `--clock wall` times wall-clock.
@@ -27,19 +27,17 @@ import argparse
 import importlib.util
 import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a file, bench/ would shadow the `attention` package
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import jax
 import jax.numpy as jnp
 
 import attention
+from bench.timing import CLOCKS, median_ms
+
+ROOT = Path(__file__).resolve().parents[1]  # child processes run `-m bench.…` from here
 
 # (batch, length, query heads, head dim, kv heads)
 DEFAULT_SHAPES = (
@@ -89,31 +87,22 @@ def inputs(shape, dtype):
     return q, k, v, cotangent
 
 
-def median_ms(fn, args, reps, clock):
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    times = []
-    for _ in range(reps):
-        start = clock()
-        jax.block_until_ready(fn(*args))
-        times.append((clock() - start) * 1e3)
-    return statistics.median(times)
-
-
 def jax_timings(fn, args, cotangent, reps, clock):
     """The cotangent is an argument, not a closed-over constant XLA would fold at compile time."""
     forward = jax.jit(fn)
     loss = lambda q, k, v, c: jnp.sum(fn(q, k, v).astype(jnp.float32) * c.astype(jnp.float32))
     backward = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    return median_ms(forward, args, reps, clock), median_ms(backward, (*args, cotangent), reps, clock)
+    time_ms = lambda f, a: median_ms(lambda: jax.block_until_ready(f(*a)), reps, clock=clock)
+    return time_ms(forward, args), time_ms(backward, (*args, cotangent))
 
 
-def torch_timings(torch_python, shape, causal, reps, dtype, clock_name):
-    """torch SDPA at this shape, timed by bench/torch_sdpa.py under `torch_python` (same core)."""
+def torch_timings(torch_python, shape, causal, reps, dtype, clock):
+    """torch SDPA at this shape, timed by bench.torch_sdpa under `torch_python` (same core)."""
     if torch_python is None:
         return None
-    command = [torch_python, str(Path(__file__).with_name("torch_sdpa.py")), ",".join(map(str, shape)),
-               "--reps", str(reps), "--dtype", str(dtype), "--clock", clock_name] + ["--causal"] * causal
-    result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    command = [torch_python, "-m", "bench.torch_sdpa", ",".join(map(str, shape)),
+               "--reps", str(reps), "--dtype", str(dtype), "--clock", clock] + ["--causal"] * causal
+    result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
     return result["forward_ms"], result["forward_backward_ms"]
 
 
@@ -124,7 +113,7 @@ def torch_version(torch_python):
     return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def speed_table(shapes, names, blocks_list, reps, dtype, clock, clock_name, torch_python):
+def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
     print("| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch | fwd+bwd vs torch |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for shape in shapes:
@@ -132,7 +121,7 @@ def speed_table(shapes, names, blocks_list, reps, dtype, clock, clock_name, torc
         for causal in (False, True):
             if "auto" not in names:
                 print(f"| {', '.join(map(str, shape))} | {causal} | impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |")
-            torch_ms = torch_timings(torch_python, shape, causal, reps, dtype, clock_name)
+            torch_ms = torch_timings(torch_python, shape, causal, reps, dtype, clock)
             rows = [("reference", None)] + [(n, None) for n in names] + [("blockwise", b) for b in blocks_list]
             ref = None
             for name, blocks in rows:
@@ -211,8 +200,8 @@ def memory_table(lengths, names, dtype):
                 if dense and N > MAX_DENSE_MEMORY_N:
                     print(f"| {label} | {N} | {causal} | not run (dense: O(N²) memory) | | |", flush=True)
                     continue
-                command = [sys.executable, __file__, "--memory-point", name, str(N), str(causal), dtype]
-                result = subprocess.run(command, capture_output=True, text=True, check=True)
+                command = [sys.executable, "-m", "bench.attention_speed", "--memory-point", name, str(N), str(causal), dtype]
+                result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
                 usage = json.loads(result.stdout.strip().splitlines()[-1])
                 gib = lambda b: b / 2**30
                 print(
@@ -229,7 +218,7 @@ def main():
     parser.add_argument("--blocks", nargs="*", default=[], help="extra blockwise rows with these block sizes, e.g. 256x256")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--torch-python", help="a Python with torch for the torch SDPA column (default: this one, if it has torch)")
     parser.add_argument("--memory", nargs="*", type=int, help="peak-memory table at these N instead of the speed table")
     parser.add_argument("--memory-point", nargs=4, help=argparse.SUPPRESS)
@@ -239,7 +228,6 @@ def main():
         name, N, causal, dtype = args.memory_point
         return memory_point(name, int(N), causal == "True", dtype)
     dtype = jnp.dtype(args.dtype)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.dtype}, ", end="")
     if args.compiled_memory:
         print("XLA memory_analysis() of the compiled forward+backward, nothing run\n")
@@ -253,7 +241,7 @@ def main():
     print(f"median of {args.reps}, {args.clock} clock, {torch_note}\n")
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
     blocks = [tuple(int(x) for x in b.split("x")) for b in args.blocks]
-    speed_table(shapes, args.impls, blocks, args.reps, dtype, clock, args.clock, torch_python)
+    speed_table(shapes, args.impls, blocks, args.reps, dtype, args.clock, torch_python)
 
 
 if __name__ == "__main__":

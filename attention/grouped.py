@@ -1,0 +1,73 @@
+"""The one internal layout every implementation computes in, and the options they all take.
+
+Query heads are grouped by the key/value head they share (R = H / G of them per group):
+
+    q `[B, Lq, G, R, d_k]`   k `[B, G, Lk, d_k]`   v `[B, G, Lk, d_v]`
+    mask, bias `[B|1, G|1, R|1, Lq|1, Lk|1]`   (size-1 axes broadcast)
+    out `[B, Lq, G, R, d_v]`   weights `[B, G, R, Lq, Lk]` (or None)
+
+with the batch axes flattened into B. K/V are stored heads-first, as the decode cache stores
+them (`attention.layer`), so GQA/MQA never repeat K/V and a decode step reads each KV head's
+cache contiguously. Every implementation is a function
+
+    implementation(q, k, v, mask, bias, options: Options) -> (out, weights or None)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+from attention.masks import and_masks, structure_mask
+
+Array = Any
+
+
+class Options(NamedTuple):
+    """What an implementation needs besides the arrays; checked by `attention.attend`."""
+
+    is_causal: bool
+    window: tuple[int, int] | None  # (left, right)
+    dropout_rate: float  # 0.0 when dropout is off
+    dropout_rng: Array | None  # None when dropout is off
+    broadcast_dropout: bool
+    precision: Any
+    block_q: int
+    block_k: int
+
+
+def to_grouped(query, key, value):
+    """Public `[batch..., L, heads, D]` -> (q, k, v) in the internal layout."""
+    batch, (Lq, H, d_k), G = query.shape[:-3], query.shape[-3:], key.shape[-2]
+    B = math.prod(batch)
+    q = query.reshape(B, Lq, G, H // G, d_k)
+    k, v = (jnp.swapaxes(x, -3, -2).reshape(B, G, x.shape[-3], x.shape[-1]) for x in (key, value))
+    return q, k, v
+
+
+def group_heads(x, batch, G):
+    """Mask-like `[batch..., H|1, Lq|1, Lk|1]` (maybe fewer axes) -> `[B|1, G|1, R|1, Lq|1, Lk|1]`."""
+    x = flatten_batch(x, batch)
+    if x is None:
+        return None
+    Bx, Hx, Lqx, Lkx = x.shape
+    groups = (G, Hx // G) if Hx != 1 else (1, 1)
+    return x.reshape(Bx, *groups, Lqx, Lkx)
+
+
+def flatten_batch(x, batch):
+    """Mask-like `[batch..., H|1, Lq|1, Lk|1]` (maybe fewer axes) -> `[B|1, H|1, Lq|1, Lk|1]`."""
+    if x is None:
+        return None
+    x = x.reshape((1,) * (len(batch) + 3 - x.ndim) + x.shape)
+    if all(s == 1 for s in x.shape[:-3]):
+        return x.reshape(1, *x.shape[-3:])
+    return jnp.broadcast_to(x, (*batch, *x.shape[-3:])).reshape(math.prod(batch), *x.shape[-3:])
+
+
+def with_structure(mask, options, Lq, Lk):
+    """`mask` ANDed with the causal / window structure, as a 5-axis grouped mask (or None)."""
+    mask = and_masks(mask, structure_mask(Lq, Lk, options.is_causal, options.window))
+    return None if mask is None else mask.reshape((1,) * (5 - mask.ndim) + mask.shape)

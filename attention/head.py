@@ -1,0 +1,67 @@
+"""Scaled dot-product attention for ONE head, as the paper writes it: softmax(q kᵀ / √d_k) v.
+
+Every dense implementation (`attention.impl.vmap`, `attention.impl.einsum`) computes exactly
+this; the conventions live here once: logits and softmax in float32 (at least), masked logits
+set to `finfo.min` (a row with every key masked gets uniform weights: the mean of V, as Flax
+and `jax.nn`), and attention dropout drawn as `flax.linen.dot_product_attention_weights` draws it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Array = Any
+# A few queries against many keys (a decode step against its cache): logits as (K Qᵀ)ᵀ, so
+# XLA:CPU streams K instead of repacking it (bench/decode.py, results/decode_bench.md).
+FEW_QUERIES_PER_KEY = 1 / 8
+
+
+def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None):
+    """q `[Lq, d_k]`, k `[Lk, d_k]`, v `[Lk, d_v]`; mask/bias/keep `[Lq|1, Lk|1]` -> (out `[Lq, d_v]`, weights `[Lq, Lk]`).
+
+    `keep` is the dropout multiplier (keep-mask / keep_prob); the weights returned are pre-dropout.
+    """
+    d_k = q.shape[-1]
+    logits = scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision)
+    weights = softmax(logits, mask, bias).astype(v.dtype)
+    dropped = weights if keep is None else weights * keep
+    out = jnp.einsum("qk,kd->qd", dropped, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
+    return out, weights
+
+
+def scores(q, k, precision):
+    """q kᵀ in float32 (at least); computed as (k qᵀ)ᵀ when the queries are few."""
+    if q.shape[0] <= FEW_QUERIES_PER_KEY * k.shape[0]:
+        return jnp.einsum("kd,qd->kq", k, q, precision=precision, preferred_element_type=logits_dtype(q.dtype)).T
+    return jnp.einsum("qd,kd->qk", q, k, precision=precision, preferred_element_type=logits_dtype(q.dtype))
+
+
+def softmax(logits, mask, bias):
+    """Softmax over the last axis of biased logits, masked entries (mask False) at `finfo.min`."""
+    if bias is not None:
+        logits = logits + bias.astype(logits.dtype)
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def logits_dtype(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def dropout_multiplier(rate, rng, broadcast, logits_shape, dtype):
+    """keep-mask / keep_prob over `logits_shape` `[..., Lq, Lk]`, drawn as Flax draws it; None when off.
+
+    Random bits depend only on the flat index, so any reshape of Flax's `[batch..., H, Lq, Lk]`
+    (such as `[B, G, H/G, Lq, Lk]`) draws the same mask.
+    """
+    if rng is None or rate == 0.0:
+        return None
+    keep_prob = 1.0 - rate
+    shape = (1,) * (len(logits_shape) - 2) + tuple(logits_shape[-2:]) if broadcast else logits_shape
+    keep = jax.random.bernoulli(rng, keep_prob, shape)
+    return keep.astype(dtype) / jnp.asarray(keep_prob, dtype=dtype)

@@ -1,0 +1,15 @@
+"""The attention implementations: one file each, one signature (`attention.grouped`), one table.
+
+`IMPLEMENTATIONS` is the only place that knows the choices; `attention.IMPLS` (plus "auto")
+and the validation of `impl` derive from it.
+"""
+
+from attention.impl import blockwise, einsum, jax_nn, vmap
+
+IMPLEMENTATIONS = {
+    "vmap": vmap.attention,
+    "einsum": einsum.attention,
+    "xla": jax_nn.xla,
+    "cudnn": jax_nn.cudnn,
+    "blockwise": blockwise.attention,
+}
