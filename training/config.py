@@ -8,6 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import ml_collections
 
+import backends
 from models import TransformerConfig
 from training import data, distributed, sharding
 
@@ -23,11 +24,20 @@ ADDED_FIELDS = {
     "distributed.coordinator_address": "",
     "distributed.num_processes": 0,
     "distributed.process_id": -1,
+    "model.v_head_dim": None,
+    "model.matmul": "auto",
 }
+# `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
+RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Fill the `ADDED_FIELDS` an older workdir's config.json lacks (in place; returned)."""
+    model = config.get("model", {})
+    if "row_major_matmuls" in model:  # the matmul setting's old name
+        old = model.row_major_matmuls
+        del model["row_major_matmuls"]
+        model.matmul = RENAMED_MATMUL[old]
     for path, value in ADDED_FIELDS.items():
         *sections, field = path.split(".")
         node = config
@@ -43,6 +53,7 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError naming the first bad field (value and what was expected)."""
     _require("model.dtype", config.model.dtype, config.model.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+    _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
     try:  # the model's own checks, reported under the config's field names
         model_config(config, config.data.vocab_size)
     except ValueError as error:
@@ -78,7 +89,7 @@ def check_resumable(config: ml_collections.ConfigDict, saved_path: Path) -> None
     """A workdir continues only the run it holds: raise if a fixed section differs from `saved_path`."""
     if not saved_path.exists():
         return
-    saved = json.loads(saved_path.read_text())
+    saved = json.loads(complete(ml_collections.ConfigDict(json.loads(saved_path.read_text()))).to_json_best_effort())
     current = json.loads(config.to_json_best_effort())
     for section in RESUME_FIXED:
         if saved.get(section) != current.get(section):
@@ -104,10 +115,11 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
     m = config.model
     return TransformerConfig(
         vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
+        head_dim=m.head_dim, v_head_dim=m.v_head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
         tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
         dtype=DTYPES[m.dtype], attention_impl=m.attention_impl,
+        dot_general=backends.dense_dot_general(m.matmul, DTYPES[m.dtype]),
     )
 
 

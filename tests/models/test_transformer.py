@@ -39,7 +39,7 @@ def init(config, src=SRC, tgt=TGT_IN):
         (dict(attention_dropout_rate=-0.1), "attention_dropout_rate", "-0.1"),
         (dict(num_layers=0), "num_layers", "0"),
         (dict(attention_impl="flash"), "attention_impl", "'flash'"),
-        (dict(row_major_matmuls="yes"), "row_major_matmuls", "'yes'"),
+        (dict(dot_general="yes"), "dot_general", "'yes'"),
         (dict(eos_id=20), "eos_id", "20"),
         (dict(bos_id=0), "pad_id/eos_id/bos_id", "(0, 1, 0)"),
     ],
