@@ -85,7 +85,7 @@ class TransformerConfig:
         """Raise ValueError naming the first field whose value is out of range."""
         for name in ("vocab_size", "d_model", "num_heads", "num_layers", "mlp_dim", "max_len"):
             _require(name, getattr(self, name), _is_positive_int(getattr(self, name)), "a positive int")
-        self.geometry  # noqa: B018 -- resolving the head geometry checks it
+        self.geometry  # resolving H, G, d_k and d_v checks them
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
             _require(name, value, isinstance(value, (int, float)) and 0.0 <= value < 1.0, "in [0, 1)")
@@ -187,7 +187,7 @@ def _attention(layer, train, name, decode=False):
     )
     hooks = dict(head_mask=layer.get_variable("head_mask", name),
                  sow_weights=layer.is_mutable_collection("intermediates") and not layer.is_initializing())
-    return lambda *args, **kwargs: module(*args, **kwargs, **hooks)
+    return functools.partial(module, **hooks)
 
 
 def _residual(config, sublayer, x, train, norm_name):
