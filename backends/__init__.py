@@ -26,10 +26,9 @@ def dense_dot_general(matmul: str, dtype) -> Callable | None:
     """The `dot_general` for `TransformerConfig.dot_general` (None: `lax.dot_general`)."""
     if matmul not in MATMULS:
         raise ValueError(f"matmul = {matmul!r}; expected one of {MATMULS}")
-    if matmul == "auto":
-        backend, bits = jax.default_backend(), 8 * jnp.dtype(dtype).itemsize
-        native = backend == "cpu" and xla_cpu_bf16.cpu_has_native_bf16()
-        matmul = "row_major" if native and bits == 16 else "xla"
-        logging.info("matmul 'auto' -> %r (backend %s, %d-bit compute, native CPU bfloat16: %s)",
-                     matmul, backend, bits, native)
+    if matmul == "auto":  # the cheap checks first: a 32-bit model never asks JAX for its backend
+        pays = (jnp.dtype(dtype).itemsize == 2 and xla_cpu_bf16.cpu_has_native_bf16()
+                and jax.default_backend() == "cpu")
+        matmul = "row_major" if pays else "xla"
+        logging.info("matmul 'auto' -> %r (16-bit compute on XLA:CPU with native bfloat16: %s)", matmul, pays)
     return xla_cpu_bf16.row_major_dot_general if matmul == "row_major" else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _require("model.dtype", config.model.dtype, config.model.dtype in DTYPES, f"one of {sorted(DTYPES)}")
     _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
     try:  # the model's own checks, reported under the config's field names
-        model_config(config, config.data.vocab_size)
+        _model_fields(config, config.data.vocab_size)
     except ValueError as error:
         raise ValueError(str(error).replace("TransformerConfig.", "config.model.")) from None
     is_multi30k = config.data.dataset == "multi30k"
@@ -112,6 +113,13 @@ def data_dir(config: ml_collections.ConfigDict) -> Path:
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The model config, its matmuls as `model.matmul` picks them for JAX's backend (so: after `distributed.initialize`)."""
+    dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[config.model.dtype])
+    return dataclasses.replace(_model_fields(config, vocab_size), dot_general=dot_general)
+
+
+def _model_fields(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The model config with lax's matmuls; building it runs the model's checks without touching JAX's backend."""
     m = config.model
     return TransformerConfig(
         vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
@@ -119,7 +127,6 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
         attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
         tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
         dtype=DTYPES[m.dtype], attention_impl=m.attention_impl,
-        dot_general=backends.dense_dot_general(m.matmul, DTYPES[m.dtype]),
     )
 
 
