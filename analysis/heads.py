@@ -1,7 +1,8 @@
 """Addressing heads: gate dicts, zeroing a head's W^O rows, and reading the sown attention weights.
 
 A head is (kind, layer, head) with kind in `models.HEAD_MASK_KEYS`; per-kind arrays are
-`[num_layers, num_heads]`, the layout `Transformer(head_mask=...)` takes.
+`[num_layers, num_heads]`, the layout `models.head_mask_variables` turns into the model's
+`head_mask` collection.
 """
 
 from __future__ import annotations
@@ -11,25 +12,12 @@ import functools
 import jax
 import numpy as np
 
-from models import HEAD_MASK_KEYS
-
-# (stack, attention module) holding each kind's layers in the parameter and intermediates trees.
-MODULES = {
-    "encoder_self": ("encoder", "self_attention"),
-    "decoder_self": ("decoder", "self_attention"),
-    "decoder_cross": ("decoder", "cross_attention"),
-}
-assert tuple(MODULES) == HEAD_MASK_KEYS
+from models import HEAD_MASK_KEYS, HEAD_MASK_MODULES as MODULES  # (stack, module) of each kind
 
 
 def ones(config) -> dict[str, np.ndarray]:
     """All-open gates: {kind: [num_layers, num_heads] float32 ones}."""
     return {kind: np.ones((config.num_layers, config.num_heads), np.float32) for kind in HEAD_MASK_KEYS}
-
-
-def all_heads(config) -> list[tuple[str, int, int]]:
-    """Every (kind, layer, head), in the order of `HEAD_MASK_KEYS`, then layer, then head."""
-    return [(k, i, h) for k in HEAD_MASK_KEYS for i in range(config.num_layers) for h in range(config.num_heads)]
 
 
 def mask_without(config, heads) -> dict[str, np.ndarray]:
@@ -63,7 +51,7 @@ def attention_weights(model, params, src, tgt_in) -> dict[str, np.ndarray]:
 @functools.lru_cache(maxsize=8)
 def _weights_fn(model):
     def weights(params, src, tgt_in):
-        _, state = model.apply({"params": params}, src, tgt_in, sow_weights=True, mutable=["intermediates"])
+        _, state = model.apply({"params": params}, src, tgt_in, mutable=["intermediates"])  # mutable: recorded
         sown = state["intermediates"]
         return {
             kind: jax.numpy.stack([

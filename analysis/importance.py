@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from analysis import tables
-from models import HEAD_MASK_KEYS
+from models import HEAD_MASK_KEYS, head_mask_variables
 from training import loop, step as step_lib
 
 
@@ -50,7 +50,7 @@ def _gate_gradients(model):
     cfg = model.config
 
     def sentence_losses(gates, params, batch):
-        logits = model.apply({"params": params}, batch["src"], batch["tgt_in"], head_mask=gates)
+        logits = model.apply({"params": params, **head_mask_variables(cfg, gates)}, batch["src"], batch["tgt_in"])
         _, nll_sum, _ = step_lib.token_losses(logits, batch["tgt_out"], batch["weights"], 0.0)
         return nll_sum  # the sum over sentences of each sentence's loss: its gradient is per sentence
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from analysis import heads, tables
 from analysis.plotting import plt, save
+from models.tokens import EOS_ID, PAD_ID
 from training import loop
-from training.tokenizer import EOS_ID, PAD_ID
 
 SHARES = ("previous", "same", "next", "first", "anchor", "diagonal")
 STATS = (*SHARES, "entropy", "entropy_norm")

@@ -85,8 +85,9 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
     state, start = ckpts.restore_latest(step_lib.abstract_state(model, config.optimizer))
     ckpts.close()
-    heads = model.config.num_heads
-    if model.config.num_kv_heads not in (None, heads):
+    geometry = model.config.geometry
+    heads = geometry.num_heads
+    if geometry.kv_sharing != "MHA":
         raise ValueError(f"{workdir} holds a model with num_kv_heads={model.config.num_kv_heads}; uptraining starts from MHA")
     steps = max(1, round(fraction * start))
 
@@ -140,7 +141,7 @@ def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_si
         before, new_config, model, after, steps = uptrain(
             run.workdir, out_dir, num_kv_heads, method, fraction, bleu_examples=len(corpus), overwrite=overwrite)
         score = workdir_lib.scorer(new_config, vocab, model, corpus, beam_size)
-        kv = model.config.num_kv_heads or heads
+        kv = model.config.geometry.num_kv_heads
         if method != "mha":
             rows.append({"model": f"G={kv} {method}, converted", "kv_heads": kv, "method": method, "steps": 0,
                          **score(before), **speed(model, before)})

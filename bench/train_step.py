@@ -7,7 +7,7 @@ Adam update) on a full batch of the reference's geometry, slot tokens/s (target 
 ratio of steps/s to the reference measured on this machine (../shared/GUIDE.md section 2:
 small 1.27 steps/s at 20 x 64, base 0.191 steps/s at 32 x 64, both float32, one core), and
 MFU = compiled FLOPs per step / step time / matmul FLOP/s measured in this same run.
-The model runs with its default `row_major_matmuls` (on for bfloat16 on the CPU: models/matmul.py).
+The model's matmuls are chosen as `config.model.matmul = "auto"` chooses them (backends/__init__.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+import backends
 from bench.timing import median_ms
 from models import Transformer, TransformerConfig
 from training import step as step_lib
@@ -46,7 +47,8 @@ def median_seconds(fn, args, reps):
 
 def bench(size: str, dtype: str, reps: int):
     sizes, rows, length, ref_steps = SIZES[size]
-    config = TransformerConfig(vocab_size=VOCAB, dtype=jnp.dtype(dtype), max_len=length, dropout_rate=0.1, **sizes)
+    config = TransformerConfig(vocab_size=VOCAB, dtype=jnp.dtype(dtype), max_len=length, dropout_rate=0.1,
+                               dot_general=backends.dense_dot_general("auto", jnp.dtype(dtype)), **sizes)
     model = Transformer(config)
     rng = np.random.default_rng(0)
     tokens = lambda: rng.integers(4, VOCAB, (rows, length), dtype=np.int32)

@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.num_heads = 4
     config.model.num_kv_heads = ml_collections.FieldReference(None, field_type=int)  # None: = num_heads
     config.model.head_dim = ml_collections.FieldReference(None, field_type=int)  # None: d_model // num_heads
+    config.model.v_head_dim = ml_collections.FieldReference(None, field_type=int)  # value width per head (None: head_dim)
     config.model.num_layers = 3  # encoder layers, and again decoder layers
     config.model.mlp_dim = 1024
     config.model.dropout_rate = 0.1
@@ -48,6 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.max_len = 256
     config.model.dtype = "float32"  # compute dtype: 'float32' or 'bfloat16' (faster on CPU; params stay float32)
     config.model.attention_impl = "vmap"
+    config.model.matmul = "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major for bf16 on CPUs with native bf16
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.learning_rate = 2e-3  # peak of the inverse-square-root schedule

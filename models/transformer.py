@@ -1,13 +1,21 @@
 """An encoder-decoder Transformer (Vaswani et al. 2017) built only from `attention.MultiHeadAttention`.
 
 Source and target share one vocabulary and one embedding table; with `tie_embeddings` the
-output projection is that table transposed. Token ids: `pad_id` 0, `eos_id` 1, `bos_id` 2.
+output projection is that table transposed. Token ids default to `models.tokens`.
 
 Decoding with the cache (`Transformer.decode(..., decode=True)`): the decoder's self-attention
 layers keep their keys/values in the `cache` collection, and the decoder keeps a `position`
 counter there too, so the token(s) fed in a call are embedded at their absolute positions
 (`position`, `position + 1`, ...). A call that finds no cache (an `init`, or an `apply` with
 `mutable=['cache']` on params only) creates it, sized by the target length it is given.
+
+Analysis hooks travel in Flax collections, not in the call signatures:
+  head_mask     -- gates per attention layer, a float `[H]` or `[B, H]` array at
+                   `head_mask/{encoder,decoder}/layer_i/{self,cross}_attention`, multiplying each
+                   head's output before W^O (0 ablates a head; the gradient w.r.t. a gate is
+                   Michel et al.'s head importance). `head_mask_variables` builds the collection.
+  intermediates -- when it is mutable in an `apply`, every attention layer sows its weights
+                   `[B, H, Lq, Lk]` there (`.../self_attention/attention_weights`).
 """
 
 from __future__ import annotations
@@ -15,15 +23,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import attention
-from models.matmul import row_major_dot_general, transposed
+from models import tokens
 
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False)}
 
@@ -36,7 +45,8 @@ class TransformerConfig:
     d_model: int = 512  # width of the residual stream and the embeddings
     num_heads: int = 8  # query heads H per attention layer
     num_kv_heads: int | None = None  # key/value heads G (None -> num_heads: MHA; 1: MQA)
-    head_dim: int | None = None  # per-head width Dk (None -> d_model // num_heads)
+    head_dim: int | None = None  # query/key width per head d_k (None -> d_model // num_heads)
+    v_head_dim: int | None = None  # value width per head d_v (None -> head_dim)
     num_layers: int = 6  # layers in the encoder, and again in the decoder
     mlp_dim: int = 2048  # hidden width of the position-wise feed-forward block
     dropout_rate: float = 0.1  # on embeddings and on every sublayer's output
@@ -46,51 +56,43 @@ class TransformerConfig:
     tie_embeddings: bool = True  # logits = decoder output @ embedding^T (else a separate Dense)
     scale_out_init: bool = False  # W^O and MLP output kernels' init x 1/sqrt(2 num_layers) (GPT-2)
     max_len: int = 256  # rows of the sinusoidal position table: the longest sequence
-    pad_id: int = 0  # padding; masked as a key and ignored by the loss
-    eos_id: int = 1  # end of sequence; decoding stops at it
-    bos_id: int = 2  # first decoder input token
+    pad_id: int = tokens.PAD_ID  # padding; masked as a key and ignored by the loss
+    eos_id: int = tokens.EOS_ID  # end of sequence; decoding stops at it
+    bos_id: int = tokens.BOS_ID  # first decoder input token
     dtype: Any = jnp.float32  # compute dtype (logits are always returned in float32)
     param_dtype: Any = jnp.float32  # parameter dtype
     attention_impl: str = "vmap"  # one of attention.IMPLS
-    # dense layers and logits through `models.matmul` (None: when dtype is 16-bit and JAX runs on the CPU)
-    row_major_matmuls: bool | None = None
+    # the dense layers' and the logits' `lax.dot_general` replacement (None: lax's), e.g. from `backends`
+    dot_general: Callable | None = None
 
     def __post_init__(self):
         self.validate()
 
     @property
-    def qkv_features(self) -> int:
-        """H * Dk: width of the stacked query projections."""
-        return self.num_heads * (self.head_dim or self.d_model // self.num_heads)
+    def geometry(self) -> attention.HeadGeometry:
+        """H, G, d_k and d_v with their defaults filled (d_k = d_model / H)."""
+        return attention.HeadGeometry.resolve(
+            self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, v_head_dim=self.v_head_dim,
+            features=self.d_model, features_name="d_model", owner="TransformerConfig.",
+        )
 
     @property
-    def dot_general(self):
-        """The dense layers' `dot_general`: `row_major_dot_general`, or None for `lax.dot_general`."""
-        on = self.row_major_matmuls
-        if on is None:
-            on = jnp.dtype(self.dtype).itemsize == 2 and jax.default_backend() == "cpu"
-        return row_major_dot_general if on else None
+    def qkv_features(self) -> int:
+        """H * d_k: width of the stacked query projections."""
+        return self.geometry.qkv_features
 
     def validate(self) -> None:
         """Raise ValueError naming the first field whose value is out of range."""
         for name in ("vocab_size", "d_model", "num_heads", "num_layers", "mlp_dim", "max_len"):
             _require(name, getattr(self, name), _is_positive_int(getattr(self, name)), "a positive int")
-        for name in ("num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            _require(name, value, value is None or _is_positive_int(value), "None or a positive int")
-        if self.head_dim is None:
-            _require("d_model", self.d_model, self.d_model % self.num_heads == 0,
-                     f"divisible by num_heads ({self.num_heads}) when head_dim is None")
-        kv_heads = self.num_kv_heads or self.num_heads
-        _require("num_kv_heads", self.num_kv_heads, self.num_heads % kv_heads == 0,
-                 f"a divisor of num_heads ({self.num_heads})")
+        self.geometry  # resolving H, G, d_k and d_v checks them
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
             _require(name, value, isinstance(value, (int, float)) and 0.0 <= value < 1.0, "in [0, 1)")
         for name in ("pre_ln", "tie_embeddings", "scale_out_init"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
-        _require("row_major_matmuls", self.row_major_matmuls,
-                 self.row_major_matmuls is None or isinstance(self.row_major_matmuls, bool), "None or a bool")
+        _require("dot_general", self.dot_general, self.dot_general is None or callable(self.dot_general),
+                 "None or a lax.dot_general-like function")
         _require("activation", self.activation, self.activation in ACTIVATIONS, f"one of {sorted(ACTIVATIONS)}")
         _require("attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS,
                  f"one of {attention.IMPLS}")
@@ -127,28 +129,38 @@ def _check_tokens(name, tokens, config):
         raise ValueError(f"{name} has length {tokens.shape[1]} > config.max_len ({config.max_len})")
 
 
-HEAD_MASK_KEYS = ("encoder_self", "decoder_self", "decoder_cross")
+# (stack, attention module) of each kind of attention layer in the module tree.
+HEAD_MASK_MODULES = {
+    "encoder_self": ("encoder", "self_attention"),
+    "decoder_self": ("decoder", "self_attention"),
+    "decoder_cross": ("decoder", "cross_attention"),
+}
+HEAD_MASK_KEYS = tuple(HEAD_MASK_MODULES)
 
 
-def _check_head_mask(head_mask, config) -> dict:
-    """{} or the head_mask dict, after checking its keys and leading [num_layers, ..., H] shape."""
+def head_mask_variables(config: TransformerConfig, head_mask: dict | None) -> dict:
+    """{"head_mask": collection} for `Transformer.apply`'s variables ({} for None).
+
+    head_mask: {kind in `HEAD_MASK_KEYS`: float gates `[num_layers, H]` or `[num_layers, B, H]`};
+    kinds left out stay open. Gate arrays may be traced (their gradient is head importance).
+    """
     if head_mask is None:
         return {}
     unknown = set(head_mask) - set(HEAD_MASK_KEYS)
     if unknown:
         raise ValueError(f"head_mask keys must be among {HEAD_MASK_KEYS}, got {sorted(unknown)}")
-    for key, gates in head_mask.items():
+    tree: dict = {}
+    for kind, gates in head_mask.items():
         shape = jnp.shape(gates)
         if len(shape) < 2 or shape[0] != config.num_layers or shape[-1] != config.num_heads:
             raise ValueError(
-                f"head_mask[{key!r}] has shape {shape}; expected [num_layers={config.num_layers}, "
+                f"head_mask[{kind!r}] has shape {shape}; expected [num_layers={config.num_layers}, "
                 f"(batch,) num_heads={config.num_heads}]"
             )
-    return dict(head_mask)
-
-
-def _row(gates, layer):
-    return None if gates is None else gates[layer]
+        stack, module = HEAD_MASK_MODULES[kind]
+        for i in range(config.num_layers):
+            tree.setdefault(stack, {}).setdefault(f"layer_{i}", {})[module] = gates[i]
+    return {"head_mask": tree}
 
 
 def _out_kernel_init(config):
@@ -159,14 +171,23 @@ def _out_kernel_init(config):
     return lambda key, shape, dtype=jnp.float32: scale * nn.linear.default_kernel_init(key, shape, dtype)
 
 
-def _attention(config, train, name, decode=False):
-    return attention.MultiHeadAttention(
+def _attention(layer, train, name, decode=False):
+    """`layer`'s attention sublayer `name`, called with the hooks the `apply` provides.
+
+    Reads its head gates from the `head_mask` collection (None when absent) and records its
+    weights when `intermediates` is mutable (not in `init`, which would store them).
+    """
+    config = layer.config
+    module = attention.MultiHeadAttention(
         num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
         dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
         qkv_dot_general=config.dot_general, out_dot_general=config.dot_general,
         dtype=config.dtype, param_dtype=config.param_dtype, name=name,
     )
+    hooks = dict(head_mask=layer.get_variable("head_mask", name),
+                 sow_weights=layer.is_mutable_collection("intermediates") and not layer.is_initializing())
+    return functools.partial(module, **hooks)
 
 
 def _residual(config, sublayer, x, train, norm_name):
@@ -212,15 +233,10 @@ class EncoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, src_mask, train=False, head_mask=None, sow_weights=False):
-        """x: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool (True = real key). Returns [B, Ls, D].
-
-        head_mask: None or float `[H]` / `[B, H]` gates on the heads' outputs; sow_weights: sow
-        the attention weights (see `attention.MultiHeadAttention`).
-        """
+    def __call__(self, x, src_mask, train=False):
+        """x: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool (True = real key). Returns [B, Ls, D]."""
         cfg = self.config
-        attend = lambda h: _attention(cfg, train, "self_attention")(
-            h, mask=src_mask, head_mask=head_mask, sow_weights=sow_weights)
+        attend = lambda h: _attention(self, train, "self_attention")(h, mask=src_mask)
         x = _residual(cfg, attend, x, train, "ln_self")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), x, train, "ln_mlp")
 
@@ -231,19 +247,13 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, y, encoded, src_mask, train=False, decode=False,
-                 self_head_mask=None, cross_head_mask=None, sow_weights=False):
-        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D].
-
-        self_head_mask / cross_head_mask: None or float `[H]` / `[B, H]` gates per attention.
-        """
+    def __call__(self, y, encoded, src_mask, train=False, decode=False):
+        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D]."""
         cfg = self.config
-        self_attention = _attention(cfg, train, "self_attention", decode=decode)
-        cross_attention = _attention(cfg, train, "cross_attention")
-        y = _residual(cfg, lambda h: self_attention(
-            h, is_causal=True, head_mask=self_head_mask, sow_weights=sow_weights), y, train, "ln_self")
-        y = _residual(cfg, lambda h: cross_attention(
-            h, encoded, mask=src_mask, head_mask=cross_head_mask, sow_weights=sow_weights), y, train, "ln_cross")
+        self_attention = _attention(self, train, "self_attention", decode=decode)
+        cross_attention = _attention(self, train, "cross_attention")
+        y = _residual(cfg, lambda h: self_attention(h, is_causal=True), y, train, "ln_self")
+        y = _residual(cfg, lambda h: cross_attention(h, encoded, mask=src_mask), y, train, "ln_cross")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), y, train, "ln_mlp")
 
 
@@ -254,13 +264,13 @@ class Encoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, src_tokens, train=False, head_mask=None, sow_weights=False):
-        """src_tokens: [B, Ls] int32; head_mask: None or `[num_layers, H]` / `[num_layers, B, H]`. Returns [B, Ls, D]."""
+    def __call__(self, src_tokens, train=False):
+        """src_tokens: [B, Ls] int32. Returns [B, Ls, D]."""
         cfg = self.config
         x = _embed(cfg, self.embed, src_tokens, jnp.arange(src_tokens.shape[1]), train)
         src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
         for i in range(cfg.num_layers):
-            x = EncoderLayer(cfg, name=f"layer_{i}")(x, src_mask, train, _row(head_mask, i), sow_weights)
+            x = EncoderLayer(cfg, name=f"layer_{i}")(x, src_mask, train)
         return _final_norm(cfg, x)
 
 
@@ -271,28 +281,24 @@ class Decoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False,
-                 self_head_mask=None, cross_head_mask=None, sow_weights=False):
-        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32.
-
-        self_head_mask / cross_head_mask: None or `[num_layers, H]` / `[num_layers, B, H]`.
-        """
+    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
+        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32."""
         cfg = self.config
         y = _embed(cfg, self.embed, tgt_in_tokens, self._positions(tgt_in_tokens.shape[1], decode), train)
         src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
         for i in range(cfg.num_layers):
-            y = DecoderLayer(cfg, name=f"layer_{i}")(
-                y, encoded, src_mask, train, decode, _row(self_head_mask, i), _row(cross_head_mask, i), sow_weights)
-        y = _final_norm(cfg, y)
+            y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, src_mask, train, decode)
+        return self._logits(_final_norm(cfg, y)).astype(jnp.float32)
+
+    def _logits(self, y):
+        """y [B, Lt, D] -> [B, Lt, vocab]: y @ embedding^T when tied, else a Dense of its own; one `dot_general`."""
+        cfg = self.config
+        dot_general = cfg.dot_general or lax.dot_general
         if not cfg.tie_embeddings:
-            logits = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                              dot_general=cfg.dot_general, name="logits")(y)
-        elif cfg.dot_general is None:
-            logits = self.embed.attend(y)
-        else:  # embed.attend's y @ table^T, with the table transposed explicitly
-            y, table = self.embed.promote_dtype(y, self.embed.embedding, dtype=cfg.dtype)
-            logits = cfg.dot_general(y, transposed(table), (((y.ndim - 1,), (0,)), ((), ())))
-        return logits.astype(jnp.float32)
+            return nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                            dot_general=dot_general, name="logits")(y)
+        y, table = self.embed.promote_dtype(y, self.embed.embedding, dtype=cfg.dtype)
+        return dot_general(y, table, (((y.ndim - 1,), (1,)), ((), ())))  # table [vocab, D]: contract D
 
     def _positions(self, length, decode):
         """Positions [length] of the fed tokens: 0.. in a full pass, the cache's counter onwards when decoding.
@@ -326,36 +332,25 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg, self.embed)
         self.decoder = Decoder(cfg, self.embed)
 
-    def encode(self, src_tokens, train=False, head_mask=None, sow_weights=False):
-        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D].
-
-        head_mask: None or a dict of `HEAD_MASK_KEYS` gates (only "encoder_self" is used here).
-        """
+    def encode(self, src_tokens, train=False):
+        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D]."""
         _check_tokens("src_tokens", src_tokens, self.config)
-        gates = _check_head_mask(head_mask, self.config)
-        return self.encoder(src_tokens, train, gates.get("encoder_self"), sow_weights)
+        return self.encoder(src_tokens, train)
 
-    def decode(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False, head_mask=None, sow_weights=False):
+    def decode(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
         """Logits [B, Lt, vocab] float32 for the next token after each of `tgt_in_tokens` [B, Lt].
 
         encoded: [B, Ls, D] from `encode`; src_tokens: [B, Ls] (for the cross-attention padding
         mask). decode=True appends to the `cache` collection (apply with mutable=['cache']).
-        head_mask: None or a dict of `HEAD_MASK_KEYS` gates ("decoder_self", "decoder_cross" used here).
         """
         _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
-        gates = _check_head_mask(head_mask, self.config)
-        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode,
-                            gates.get("decoder_self"), gates.get("decoder_cross"), sow_weights)
+        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode)
 
-    def __call__(self, src_tokens, tgt_in_tokens, train=False, head_mask=None, sow_weights=False):
+    def __call__(self, src_tokens, tgt_in_tokens, train=False):
         """src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt] (bos_id, then the target shifted right).
 
         Returns logits [B, Lt, vocab] float32; target padding needs no mask here (the
-        self-attention is causal and pads come last), only in the loss.
-        head_mask: None or {"encoder_self" | "decoder_self" | "decoder_cross": float gates
-        `[num_layers, H]` or `[num_layers, B, H]`}, multiplying each head's output before W^O
-        (0 ablates a head; the gradient w.r.t. a gate is Michel et al.'s head importance).
-        sow_weights: sow every layer's attention weights `[B, H, Lq, Lk]` into `intermediates`.
+        self-attention is causal and pads come last), only in the loss. Head gates and
+        recorded attention weights: the `head_mask` and `intermediates` collections (module docstring).
         """
-        encoded = self.encode(src_tokens, train, head_mask, sow_weights)
-        return self.decode(encoded, src_tokens, tgt_in_tokens, train, head_mask=head_mask, sow_weights=sow_weights)
+        return self.decode(self.encode(src_tokens, train), src_tokens, tgt_in_tokens, train)

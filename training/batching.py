@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from models.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import jax.numpy as jnp
 import ml_collections
 
+import backends
 from models import TransformerConfig
 from training import data, distributed, sharding
 
@@ -23,11 +25,20 @@ ADDED_FIELDS = {
     "distributed.coordinator_address": "",
     "distributed.num_processes": 0,
     "distributed.process_id": -1,
+    "model.v_head_dim": None,
+    "model.matmul": "auto",
 }
+# `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
+RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Fill the `ADDED_FIELDS` an older workdir's config.json lacks (in place; returned)."""
+    model = config.get("model", {})
+    if "row_major_matmuls" in model:  # the matmul setting's old name
+        old = model.row_major_matmuls
+        del model["row_major_matmuls"]
+        model.matmul = RENAMED_MATMUL[old]
     for path, value in ADDED_FIELDS.items():
         *sections, field = path.split(".")
         node = config
@@ -43,8 +54,9 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError naming the first bad field (value and what was expected)."""
     _require("model.dtype", config.model.dtype, config.model.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+    _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
     try:  # the model's own checks, reported under the config's field names
-        model_config(config, config.data.vocab_size)
+        _model_fields(config, config.data.vocab_size)
     except ValueError as error:
         raise ValueError(str(error).replace("TransformerConfig.", "config.model.")) from None
     is_multi30k = config.data.dataset == "multi30k"
@@ -78,7 +90,7 @@ def check_resumable(config: ml_collections.ConfigDict, saved_path: Path) -> None
     """A workdir continues only the run it holds: raise if a fixed section differs from `saved_path`."""
     if not saved_path.exists():
         return
-    saved = json.loads(saved_path.read_text())
+    saved = json.loads(complete(ml_collections.ConfigDict(json.loads(saved_path.read_text()))).to_json_best_effort())
     current = json.loads(config.to_json_best_effort())
     for section in RESUME_FIXED:
         if saved.get(section) != current.get(section):
@@ -101,10 +113,17 @@ def data_dir(config: ml_collections.ConfigDict) -> Path:
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The model config, its matmuls as `model.matmul` picks them for JAX's backend (so: after `distributed.initialize`)."""
+    dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[config.model.dtype])
+    return dataclasses.replace(_model_fields(config, vocab_size), dot_general=dot_general)
+
+
+def _model_fields(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The model config with lax's matmuls; building it runs the model's checks without touching JAX's backend."""
     m = config.model
     return TransformerConfig(
         vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
+        head_dim=m.head_dim, v_head_dim=m.v_head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
         tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
         dtype=DTYPES[m.dtype], attention_impl=m.attention_impl,

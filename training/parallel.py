@@ -121,4 +121,4 @@ class PmapTrainer:
 
 
 def _kv_heads(model) -> int:
-    return model.config.num_kv_heads or model.config.num_heads
+    return model.config.geometry.num_kv_heads

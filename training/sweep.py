@@ -180,9 +180,9 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
     decoding = evaluate.decoding_speed(model, params, vocab.encode(list(dev.src[:64])), config.data.bucket_lengths)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     tokens_per_s = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    geometry = model.config.geometry
     return {
-        "step": step, "num_heads": config.model.num_heads, "num_kv_heads": config.model.num_kv_heads or config.model.num_heads,
-        "head_dim": config.model.head_dim or config.model.d_model // config.model.num_heads,
+        "step": step, "num_heads": geometry.num_heads, "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
         "parameters": step_lib.parameter_count(params), **scores,
         "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
         "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],

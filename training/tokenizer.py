@@ -1,6 +1,6 @@
 """A joint source/target SentencePiece vocabulary, trained once per run and kept in the workdir.
 
-Special ids are fixed so that models can rely on them: pad 0, eos 1, bos 2, unk 3.
+Special ids are fixed so that models can rely on them: `models.tokens` (pad 0, eos 1, bos 2, unk 3).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+from models.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def load_or_train(path: str | Path, texts: Sequence[str], vocab_size: int, seed: int = 0) -> spm.SentencePieceProcessor:

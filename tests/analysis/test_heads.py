@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from analysis import heads, importance
-from models import Transformer, TransformerConfig
+from models import Transformer, TransformerConfig, head_mask_variables
 from training import step as step_lib
 
 CONFIG = TransformerConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, mlp_dim=32, max_len=16, dropout_rate=0.0)
@@ -28,7 +28,8 @@ def setup():
 @pytest.fixture(scope="module")
 def forward(setup):
     model = setup[0]
-    return jax.jit(lambda params, src, tgt_in, mask=None: model.apply({"params": params}, src, tgt_in, head_mask=mask))
+    return jax.jit(lambda params, src, tgt_in, mask=None: model.apply(
+        {"params": params, **head_mask_variables(CONFIG, mask)}, src, tgt_in))
 
 
 def without_rows(params, stack, module, layer, head):
@@ -63,9 +64,9 @@ def test_gates_per_sentence_and_bad_keys(setup, forward):
     np.testing.assert_allclose(out[1], zeroed[1], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(out[0], forward(params, batch["src"], batch["tgt_in"])[0], rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="head_mask keys"):
-        model.apply({"params": params}, batch["src"], batch["tgt_in"], head_mask={"encoder": gates})
+        head_mask_variables(model.config, {"encoder": gates})
     with pytest.raises(ValueError, match="num_layers=2"):
-        model.apply({"params": params}, batch["src"], batch["tgt_in"], head_mask={"encoder_self": np.ones((3, 4))})
+        head_mask_variables(model.config, {"encoder_self": np.ones((3, 4))})
 
 
 def test_importance_of_a_zeroed_head_is_zero(setup):

@@ -39,7 +39,7 @@ def init(config, src=SRC, tgt=TGT_IN):
         (dict(attention_dropout_rate=-0.1), "attention_dropout_rate", "-0.1"),
         (dict(num_layers=0), "num_layers", "0"),
         (dict(attention_impl="flash"), "attention_impl", "'flash'"),
-        (dict(row_major_matmuls="yes"), "row_major_matmuls", "'yes'"),
+        (dict(dot_general="yes"), "dot_general", "'yes'"),
         (dict(eos_id=20), "eos_id", "20"),
         (dict(bos_id=0), "pad_id/eos_id/bos_id", "(0, 1, 0)"),
     ],
@@ -188,3 +188,14 @@ def test_bad_token_arrays_raise(src, tgt, message):
     model, variables = init(tiny())
     with pytest.raises(ValueError, match=message):
         model.apply(variables, src, tgt)
+
+
+def test_weights_are_recorded_only_where_intermediates_is_mutable_and_never_by_init():
+    _, variables = init(tiny(attention_impl="xla"))  # xla cannot return weights: init must not ask for them
+    assert set(variables) == {"params"}
+    model, variables = init(tiny())
+    assert not isinstance(model.apply(variables, SRC, TGT_IN), tuple)
+    _, state = model.apply(variables, SRC, TGT_IN, mutable=["intermediates"])
+    decoder_layer = state["intermediates"]["decoder"]["layer_1"]
+    assert sorted(decoder_layer) == ["cross_attention", "self_attention"]
+    assert decoder_layer["cross_attention"]["attention_weights"][0].shape == (2, 4, 7, 6)  # [B, H, Lt, Ls]

@@ -1,4 +1,4 @@
-"""A `lax.dot_general` for the dense layers that keeps bfloat16 matmuls in bfloat16 on XLA:CPU.
+"""XLA:CPU workaround: a `lax.dot_general` for dense layers that keeps bfloat16 matmuls in bfloat16.
 
 XLA:CPU (jax 0.12) runs a 16-bit dot at 16-bit speed only in row-major form, lhs `[M, K]` times
 rhs `[K, N]`. Any other form -- the `x W^T` and `x^T g` products that autodiff makes for every
@@ -8,11 +8,16 @@ reshapes a dense layer's product to `[M, K] @ [K, N]` and gives it a backward wh
 are row-major too, their transposed operands copied out explicitly by `transposed`. Its result
 is float32 (see `row_major_matmul`), so a model using it computes its matmuls with 16-bit operands
 and the rest of each layer mostly in float32.
+
+The gain needs a CPU with native bfloat16 dot instructions (`has_native_bf16`); elsewhere XLA
+emulates bfloat16 in float32 whatever the form. Nothing here is imported by `models/`: the
+training config picks this function (`backends.dense_dot_general`) and hands it to the model.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +26,22 @@ from jax import lax
 # Side of the square tiles `transposed` moves: XLA:CPU's plain 2-D transpose of a 16-bit array
 # runs ~10x slower than two passes through 16 x 16 tiles (2048 x 2048 bfloat16: 22 ms vs 2.7 ms).
 _TILE = 16
+# /proc/cpuinfo flags of x86 bfloat16 dot instructions (AVX512-BF16, AMX-BF16).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def has_native_bf16(cpuinfo: str) -> bool:
+    """Whether a /proc/cpuinfo text lists a bfloat16 dot instruction among its CPU flags."""
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def cpu_has_native_bf16() -> bool:
+    """`has_native_bf16` of this machine (False where /proc/cpuinfo cannot be read)."""
+    try:
+        return has_native_bf16(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return False
 
 
 def transposed(x: jax.Array) -> jax.Array:
@@ -72,20 +93,23 @@ row_major_matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 def row_major_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    """`lax.dot_general` for dense layers (Flax's `dot_general=` hook).
+    """`lax.dot_general` for dense layers and tied logits (Flax's `dot_general=` hook).
 
-    Products that contract lhs's trailing axes with rhs's leading ones and have no batch axes,
-    requested precision or output type -- every `Dense` / `DenseGeneral` projection -- run as one
-    `row_major_matmul` of the flattened operands, cast to their common dtype, with a float32
-    result; anything else goes to `lax.dot_general` unchanged.
+    Products that contract lhs's trailing axes with rhs's leading ones (`x W`: every `Dense` /
+    `DenseGeneral` projection) or with rhs's trailing ones (`y E^T`: logits tied to an embedding
+    table `E [vocab, D]`, whose transpose is copied out by `transposed`), with no batch axes,
+    requested precision or output type, run as one `row_major_matmul` of the flattened operands,
+    cast to their common dtype, with a float32 result; anything else goes to `lax.dot_general`
+    unchanged.
     """
     (lhs_contract, rhs_contract), batch = dimension_numbers
     lhs_contract = tuple(d % lhs.ndim for d in lhs_contract)
     rhs_contract = tuple(d % rhs.ndim for d in rhs_contract)
     n = len(lhs_contract)
+    rhs_leading, rhs_trailing = tuple(range(n)), tuple(range(rhs.ndim - n, rhs.ndim))
     dense_form = (
         lhs_contract == tuple(range(lhs.ndim - n, lhs.ndim))
-        and rhs_contract == tuple(range(n))
+        and rhs_contract in (rhs_leading, rhs_trailing)
         and batch == ((), ())
         and preferred_element_type is None
         and precision is None
@@ -95,5 +119,9 @@ def row_major_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred
                                preferred_element_type=preferred_element_type)
     dtype = jnp.result_type(lhs, rhs)
     k = math.prod(lhs.shape[lhs.ndim - n:])
-    out = row_major_matmul(lhs.reshape(-1, k).astype(dtype), rhs.reshape(k, -1).astype(dtype))
-    return out.reshape(lhs.shape[: lhs.ndim - n] + rhs.shape[n:])
+    if rhs_contract == rhs_leading:  # rhs [K..., N...]
+        kernel, free = rhs.reshape(k, -1).astype(dtype), rhs.shape[n:]
+    else:  # rhs [N..., K...]
+        kernel, free = transposed(rhs.reshape(-1, k).astype(dtype)), rhs.shape[: rhs.ndim - n]
+    out = row_major_matmul(lhs.reshape(-1, k).astype(dtype), kernel)
+    return out.reshape(lhs.shape[: lhs.ndim - n] + free)

@@ -1,4 +1,4 @@
-"""`models.matmul`: the row-major dense product against NumPy and `lax.dot_general`, and its HLO."""
+"""`backends`: the XLA:CPU row-major dense product against NumPy and `lax.dot_general`, its HLO, and its choice."""
 
 import re
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from jax import lax
 
+import backends
 import models
-from models.matmul import row_major_dot_general, transposed
+from backends.xla_cpu_bf16 import cpu_has_native_bf16, has_native_bf16, row_major_dot_general, transposed
 
 DENSE = (((2,), (0,)), ((), ()))  # x [B, L, K] . kernel [K, ...], as flax.linen.Dense calls it
 
@@ -25,6 +26,7 @@ def test_transposed_is_numpy_transpose(shape):
     ((32, 2), DENSE),  # a narrow output: the kernel gradient transposes the output gradient
     ((32, 4, 16), DENSE),  # DenseGeneral onto (heads, head_dim)
     ((6, 32, 48), (((1, 2), (0, 1)), ((), ()))),  # DenseGeneral from two axes (W^O)
+    ((48, 32), (((2,), (1,)), ((), ()))),  # tied logits y E^T: the kernel is transposed
 ])
 def test_value_and_gradients_match_numpy_and_lax(kernel_shape, dims):
     rng = np.random.default_rng(0)
@@ -75,8 +77,8 @@ def test_bfloat16_transformer_matches_the_lax_path():
     tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
     fields = dict(vocab_size=20, d_model=32, num_heads=4, num_layers=2, mlp_dim=48, max_len=16,
                   dropout_rate=0.0, dtype=jnp.bfloat16)
-    on, off = (models.Transformer(models.TransformerConfig(**fields, row_major_matmuls=flag))
-               for flag in (True, False))
+    on, off = (models.Transformer(models.TransformerConfig(**fields, dot_general=dot))
+               for dot in (row_major_dot_general, None))
     params = on.init(jax.random.key(0), src, tgt)["params"]
     loss = lambda model: lambda p: jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, src, tgt))[..., 3])
     np.testing.assert_allclose(on.apply({"params": params}, src, tgt), off.apply({"params": params}, src, tgt), atol=0.05)
@@ -86,13 +88,24 @@ def test_bfloat16_transformer_matches_the_lax_path():
         assert float(jnp.max(jnp.abs(g - w))) <= 0.02 * scale, jax.tree_util.keystr(path)
 
 
-def test_auto_is_on_only_for_16_bit_compute_on_cpu():
-    config = lambda **kw: models.TransformerConfig(vocab_size=20, d_model=32, num_heads=4, **kw)
-    on_cpu = jax.default_backend() == "cpu"
-    assert (config(dtype=jnp.bfloat16).dot_general is row_major_dot_general) == on_cpu
-    assert config(dtype=jnp.float32).dot_general is None
-    assert config(dtype=jnp.float32, row_major_matmuls=True).dot_general is row_major_dot_general
-    assert config(dtype=jnp.bfloat16, row_major_matmuls=False).dot_general is None
+def test_auto_is_on_only_for_16_bit_compute_on_a_cpu_with_native_bfloat16():
+    choose = backends.dense_dot_general
+    on_cpu = jax.default_backend() == "cpu" and cpu_has_native_bf16()
+    assert (choose("auto", jnp.bfloat16) is row_major_dot_general) == on_cpu
+    assert choose("auto", jnp.float32) is None
+    assert choose("row_major", jnp.float32) is row_major_dot_general
+    assert choose("xla", jnp.bfloat16) is None
+    with pytest.raises(ValueError, match="matmul = 'fast'; expected one of"):
+        choose("fast", jnp.bfloat16)
+
+
+def test_native_bfloat16_is_read_from_the_cpu_flags():
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
+    sapphire_rapids = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+    assert not has_native_bf16(zen3)
+    assert has_native_bf16(sapphire_rapids)
+    assert has_native_bf16(sapphire_rapids.replace(" avx512_bf16", ""))  # AMX alone
+    assert not has_native_bf16("model name\t: avx512_bf16 in a name, not a flag\n")
 
 
 def test_bfloat16_cached_decoding_matches_the_full_pass_with_a_bfloat16_cache():
@@ -100,7 +113,7 @@ def test_bfloat16_cached_decoding_matches_the_full_pass_with_a_bfloat16_cache():
     tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
     config = models.TransformerConfig(vocab_size=20, d_model=32, num_heads=4, num_kv_heads=2, num_layers=2,
                                       mlp_dim=48, max_len=16, dropout_rate=0.0, dtype=jnp.bfloat16,
-                                      row_major_matmuls=True)
+                                      dot_general=row_major_dot_general)
     model = models.Transformer(config)
     variables = model.init(jax.random.key(0), src, tgt)
     encoded = model.apply(variables, src, method=models.Transformer.encode)
