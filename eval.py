@@ -8,7 +8,7 @@ import json
 
 from absl import app, flags, logging
 
-from training import evaluate
+from training.evaluation import evaluate
 
 flags.DEFINE_string("workdir", None, "a train.py workdir")
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")

@@ -8,8 +8,8 @@ import numpy as np
 
 from analysis import heads
 from analysis.plotting import plt, save
-from training import translate
-from training.tokenizer import BOS_ID
+from training.data.tokenizer import BOS_ID
+from training.evaluation import translate
 
 TITLES = {
     "encoder_self": "encoder self-attention (query: source, key: source)",

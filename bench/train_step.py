@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from models import Transformer, TransformerConfig
-from training import step as step_lib
+from training.run import step as step_lib
 
 # name: (model sizes, rows, length, reference steps/s)
 SIZES = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 import statistics
 import time
@@ -11,46 +9,26 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-import sentencepiece as spm
 
 from models import decoding
-from training import checkpoints, config as config_lib, loop, step as step_lib, translate
-from training.batching import BatchSchedule, bucket_length
-
-
-def load_run(workdir: str | Path):
-    """(config, vocabulary, model, params, step) from a workdir, best checkpoint first."""
-    workdir = Path(workdir)
-    for name in ("config.json", "spm.model"):
-        if not (workdir / name).exists():
-            raise FileNotFoundError(f"{workdir / name} is missing: is {workdir} a train.py workdir?")
-    config = config_lib.complete(ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text())))
-    config.data.bucket_lengths = tuple(config.data.bucket_lengths)
-    vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
-    model = loop.build_model(config, vocab)
-    abstract = step_lib.abstract_state(model, config.optimizer)
-    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
-    state, step = ckpts.restore_for_eval(abstract)
-    ckpts.close()
-    if state is None:
-        raise FileNotFoundError(f"no readable checkpoint in {workdir}/best or {workdir}/checkpoints")
-    return config, vocab, model, state.params, step
+from training.data.batching import BatchSchedule, bucket_length, dev_batches
+from training.data.corpus import load_corpus
+from training.evaluation import dev, translate
+from training.evaluation.loaded import LoadedRun, load_run
 
 
 def evaluate_split(workdir: str | Path, split: str, beam_size: int) -> dict:
     """Perplexity and beam-search sacreBLEU on `split`; hypotheses go to the workdir."""
-    config, vocab, model, params, step = load_run(workdir)
-    return {"step": step, **score_split(config, vocab, model, params, split, beam_size, workdir)}
+    run = load_run(workdir)
+    return {"step": run.step, **score_split(run, split, beam_size, workdir)}
 
 
-def score_split(config, vocab, model, params, split: str, beam_size: int, workdir: str | Path) -> dict:
-    """Perplexity and sacreBLEU of loaded parameters on `split`; writes WORKDIR/hypotheses.SPLIT.beamK.txt."""
-    corpus = loop.load_corpus(config, split)
-    eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
-    nll = loop.dev_loss(params, loop.dev_batches(config, vocab, corpus), eval_step)
-    hyps = vocab.decode(_translate(config, model, params, vocab.encode(list(corpus.src)), beam_size))
+def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path) -> dict:
+    """Perplexity and sacreBLEU of a loaded run on `split`; writes WORKDIR/hypotheses.SPLIT.beamK.txt."""
+    corpus = load_corpus(run.config, split)
+    nll = dev.dev_loss(run.params, dev_batches(run.config, run.vocab, corpus), dev.eval_step_fn(run.model))
+    hyps = run.vocab.decode(_translate(run, run.vocab.encode(list(corpus.src)), beam_size))
     out_path = Path(workdir) / f"hypotheses.{split}.beam{beam_size}.txt"
     out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     bleu, signature = translate.corpus_bleu(hyps, corpus.tgt)
@@ -95,9 +73,9 @@ def translate_file(workdir: str | Path, input_path: str | Path, output_path: str
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise ValueError(f"{input_path} is not UTF-8 (line {line}: {error.reason})") from None
-    config, vocab, model, params, _ = load_run(workdir)
+    run = load_run(workdir)
     filled = [i for i, line in enumerate(lines) if line.strip()]
-    hyps = vocab.decode(_translate(config, model, params, vocab.encode([lines[i].strip() for i in filled]), beam_size)) if filled else []
+    hyps = run.vocab.decode(_translate(run, run.vocab.encode([lines[i].strip() for i in filled]), beam_size)) if filled else []
     out = [""] * len(lines)
     for i, hyp in zip(filled, hyps):
         out[i] = hyp
@@ -105,8 +83,9 @@ def translate_file(workdir: str | Path, input_path: str | Path, output_path: str
     return len(lines)
 
 
-def _translate(config, model, params, src_ids, beam_size):
+def _translate(run: LoadedRun, src_ids, beam_size):
+    config = run.config
     return translate.translate(
-        model, params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
+        run.model, run.params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import signal
@@ -15,34 +14,24 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from models import Transformer
-from training import checkpoints, config as config_lib, data, distributed, parallel, step as step_lib, tokenizer, translate
-from training.batching import Batch, BatchSchedule, bucket_length
-from training.metrics import MetricsWriter
+from training import config as config_lib
+from training.data import tokenizer
+from training.data.batching import BatchSchedule, as_arrays, dev_batches
+from training.data.corpus import Corpus, load_corpus
+from training.evaluation import dev as dev_lib
+from training.parallel import distributed, trainers
+from training.run import checkpoints, step as step_lib
+from training.run.metrics import MetricsWriter
 
 
 class NonFiniteLoss(RuntimeError):
     pass
 
 
-def load_corpus(config, split: str) -> data.Corpus:
-    if config.data.dataset == "multi30k":
-        return data.load_multi30k(config_lib.data_dir(config), split, config.data.src, config.data.tgt)
-    return data.load_tfds(config.data.dataset, split, config.data.src, config.data.tgt, config.data.dir or None)
-
-
-def build_model(config: ml_collections.ConfigDict, vocab) -> Transformer:
-    return Transformer(config_lib.model_config(config, vocab.vocab_size()))
-
-
-def as_arrays(batch: Batch) -> dict:
-    return {"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights}
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """Train (resuming from the workdir's latest checkpoint) and return the last dev metrics.
 
-    With several processes (`training.distributed`) every process runs this; the workdir must be
+    With several processes (`training.parallel.distributed`) every process runs this; the workdir must be
     shared. Process 0 writes config.json, the vocabulary and the metrics; orbax writes the
     checkpoints from all of them.
     """
@@ -56,12 +45,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
     distributed.main_first("config", record_config)
+    device = jax.devices()[0]
+    logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
     train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
     if config.data.train_limit:
-        train = data.Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
+        train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
     vocab = distributed.main_first("vocabulary", lambda: tokenizer.load_or_train(
         workdir / "spm.model", train.src + train.tgt, config.data.vocab_size, config.seed))
-    model = build_model(config, vocab)
+    model = config_lib.build_model(config, vocab)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
 
     schedule = BatchSchedule(
@@ -73,7 +64,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
     rng_params, rng_dropout = jax.random.split(jax.random.key(config.seed))
     tx = step_lib.make_optimizer(config.optimizer)
-    trainer = parallel.make_trainer(config, model, tx)
+    trainer = trainers.make_trainer(config, model, tx)
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
@@ -84,7 +75,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     n_params = step_lib.parameter_count(trainer.to_checkpoint(state).params)
     logging.info("model parameters: %d", n_params)
 
-    eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
+    eval_step = dev_lib.eval_step_fn(model)
     writer = MetricsWriter(workdir, resume_step=start)
     learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
     stop = _StopFlag()
@@ -121,7 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
                 _check_finite(state.params, done, workdir)
             if evaluate_now:
-                dev_metrics = evaluate(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
+                dev_metrics = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
                 writer.write(dev_metrics)
                 logging.info("dev %s", dev_metrics)
                 ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
@@ -139,41 +130,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         writer.close()
         ckpts.close()
     return dev_metrics
-
-
-def dev_batches(config, vocab, dev) -> list[dict]:
-    """Dev pairs in fixed-shape bucketed batches (every pair once, none dropped)."""
-    limit = config.model.max_len
-    src = [ids[:limit] for ids in vocab.encode(list(dev.src))]
-    tgt = [ids[: limit - 1] for ids in vocab.encode(list(dev.tgt))]  # + BOS / EOS
-    by_bucket: dict[int, list[int]] = {}
-    for i, (s, t) in enumerate(zip(src, tgt)):
-        by_bucket.setdefault(bucket_length(max(len(s), len(t) + 1), config.data.bucket_lengths), []).append(i)
-    batches = []
-    for length, ids in sorted(by_bucket.items()):
-        rows = max(1, config.data.token_budget // length)
-        for k in range(0, len(ids), rows):
-            chunk = ids[k : k + rows]
-            batches.append(as_arrays(BatchSchedule.assemble([src[i] for i in chunk], [tgt[i] for i in chunk], rows, length)))
-    return batches
-
-
-def dev_loss(params, batches, eval_step) -> float:
-    """Mean per-token NLL over fixed-shape batches."""
-    sums = [eval_step(params, b) for b in batches]
-    return sum(float(s["nll_sum"]) for s in sums) / sum(float(s["tokens"]) for s in sums)
-
-
-def evaluate(config, model, params, vocab, dev, batches, eval_step, step) -> dict:
-    """Dev loss and perplexity over the whole dev split; greedy sacreBLEU on its first `eval.bleu_examples`."""
-    nll = dev_loss(params, batches, eval_step)
-    n = config.eval.bleu_examples or len(dev)
-    hyps = translate.translate(
-        model, params, vocab.encode(list(dev.src[:n])), beam_size=1, alpha=config.eval.alpha,
-        max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
-    )
-    bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])
-    return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": math.exp(nll), "bleu": bleu, "bleu_examples": n}
 
 
 def _log_batch_split(schedule, data_shards):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from training import sweep
+from training.sweeps import sweep
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = "tests/training/tiny_sweep.py"
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = "tests/training/sweeps/tiny_sweep.py"
 
 
 @pytest.fixture(scope="module")

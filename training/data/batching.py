@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from training.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,3 +96,25 @@ class BatchSchedule:
             arrays[1, r, : len(t) + 1] = [BOS_ID, *t]
             arrays[2, r, : len(t) + 1] = [*t, EOS_ID]
         return Batch(arrays[0], arrays[1], arrays[2], (arrays[2] != PAD_ID).astype(np.float32))
+
+
+def as_arrays(batch: Batch) -> dict:
+    """The dict of [rows, L] arrays the step functions take."""
+    return {"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights}
+
+
+def dev_batches(config, vocab, corpus) -> list[dict]:
+    """A dev corpus in fixed-shape bucketed batches (every pair once, none dropped; over-long ones cut to max_len)."""
+    limit = config.model.max_len
+    src = [ids[:limit] for ids in vocab.encode(list(corpus.src))]
+    tgt = [ids[: limit - 1] for ids in vocab.encode(list(corpus.tgt))]  # + BOS / EOS
+    by_bucket: dict[int, list[int]] = {}
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        by_bucket.setdefault(bucket_length(max(len(s), len(t) + 1), config.data.bucket_lengths), []).append(i)
+    batches = []
+    for length, ids in sorted(by_bucket.items()):
+        rows = max(1, config.data.token_budget // length)
+        for k in range(0, len(ids), rows):
+            chunk = ids[k : k + rows]
+            batches.append(as_arrays(BatchSchedule.assemble([src[i] for i in chunk], [tgt[i] for i in chunk], rows, length)))
+    return batches

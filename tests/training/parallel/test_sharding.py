@@ -12,9 +12,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs import default
-from training import config as config_lib, distributed, sharding
+from training import config as config_lib
+from training.parallel import distributed, sharding
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOL = 1e-5
 
 

@@ -1,4 +1,4 @@
-"""Markdown summaries of a run's metrics.jsonl: `python -m training.report runs/default`."""
+"""Markdown summaries of a run's metrics.jsonl: `python -m training.evaluation.report runs/default`."""
 
 from __future__ import annotations
 

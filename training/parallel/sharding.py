@@ -146,16 +146,21 @@ def put_batch(batch: dict, mesh: Mesh) -> dict:
     return {name: put(array) for name, array in batch.items()}
 
 
-def describe(abstract_params, shardings, kv_heads: int, mesh: Mesh) -> list[str]:
-    """Start-up log lines: the mesh, how K/V heads are placed, and every parameter's shape and spec."""
+def describe(kv_heads: int, mesh: Mesh) -> str:
+    """The start-up line: the mesh and how K/V heads are placed on it."""
     model_shards = mesh.shape[MODEL]
     kv_split = kv_heads % model_shards == 0
-    lines = [
-        f"mesh {dict(mesh.shape)} over {mesh.devices.size} devices ({jax.process_count()} processes)",
+    return (
+        f"mesh {dict(mesh.shape)} over {mesh.devices.size} devices ({jax.process_count()} processes); "
         f"K/V heads: {kv_heads} over model={model_shards}: "
-        + ("sharded" if kv_split else f"replicated ({kv_heads} is not a multiple of {model_shards})"),
-    ]
+        + ("sharded" if kv_split else f"replicated ({kv_heads} is not a multiple of {model_shards})")
+    )
+
+
+def describe_params(abstract_params, shardings) -> list[str]:
+    """Every parameter's shape and spec, one line each (logged with --verbose)."""
     specs = jax.tree_util.tree_leaves_with_path(shardings)
-    for (path, leaf), (_, sharding) in zip(jax.tree_util.tree_leaves_with_path(abstract_params), specs):
-        lines.append(f"  {path_name(path)} {tuple(leaf.shape)} {sharding.spec}")
-    return lines
+    return [
+        f"  {path_name(path)} {tuple(leaf.shape)} {sharding.spec}"
+        for (path, leaf), (_, sharding) in zip(jax.tree_util.tree_leaves_with_path(abstract_params), specs)
+    ]

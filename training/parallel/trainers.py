@@ -17,9 +17,11 @@ import numpy as np
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
-from training import sharding, step as step_lib
+from training.parallel import sharding
+from training.run import step as step_lib
 
 PMAP_AXIS = "batch"
+_details = logging.getLogger(__name__)  # per-parameter lines: DEBUG, shown with train.py --verbose
 
 
 def make_trainer(config, model, tx, devices=None):
@@ -61,8 +63,9 @@ class MeshTrainer:
     def init_state(self, rng, batch):
         """The train state created directly in its shards (no device ever holds all of it)."""
         abstract = self.abstract_state(rng, batch)
-        for line in sharding.describe(abstract.params, self.shardings.params, _kv_heads(self.model), self.mesh):
-            logging.info("%s", line)
+        logging.info("%s", sharding.describe(_kv_heads(self.model), self.mesh))
+        for line in sharding.describe_params(abstract.params, self.shardings.params):
+            _details.debug("%s", line)
         create = functools.partial(step_lib.create_state, self.model, self.tx, batch=batch)
         return jax.jit(create, in_shardings=sharding.replicated(self.mesh), out_shardings=self.shardings)(rng)
 

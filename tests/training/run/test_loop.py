@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 
 from configs import default
-from training import checkpoints, config as config_lib, evaluate, loop
+from training import config as config_lib
+from training.data import corpus
+from training.evaluation import evaluate
+from training.evaluation.loaded import load_run
+from training.run import checkpoints, loop, step as step_lib
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,8 +47,8 @@ def tiny_config(steps=20):
 
 def params_of(workdir, step):
     config = tiny_config()
-    _, _, model, _, _ = evaluate.load_run(workdir)
-    abstract = loop.step_lib.abstract_state(model, config.optimizer)
+    model = load_run(workdir).model
+    abstract = step_lib.abstract_state(model, config.optimizer)
     ckpts = checkpoints.Checkpoints(workdir, 3)
     state = ckpts.latest.restore(step, args=checkpoints.ocp.args.StandardRestore(abstract))
     ckpts.close()
@@ -78,7 +82,7 @@ def test_a_run_writes_config_checkpoints_and_metrics(straight_run):
     assert list((workdir / "tensorboard").iterdir())
     best_step = min(dev, key=lambda r: r["loss"])["step"]
     assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
-    assert evaluate.load_run(workdir)[4] == best_step  # eval.py prefers the best checkpoint
+    assert load_run(workdir).step == best_step  # eval.py prefers the best checkpoint
 
 
 def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp_path):
@@ -161,8 +165,9 @@ def test_a_workdir_written_before_later_config_fields_still_loads(straight_run, 
         del saved[field]
     del saved["mesh"]["shard_embeddings"]
     (workdir / "config.json").write_text(json.dumps(saved))
-    config, _, _, _, step = evaluate.load_run(workdir)
-    assert step == evaluate.load_run(straight_run[0])[4]
+    loaded = load_run(workdir)
+    config, step = loaded.config, loaded.step
+    assert step == load_run(straight_run[0]).step
     assert (config.parallelism, config.mesh.shard_embeddings, config.max_train_seconds) == ("jit", False, 0.0)
     assert config.distributed.to_dict() == default.get_config().distributed.to_dict()
     config_lib.validate(config)
@@ -222,10 +227,10 @@ def test_config_validation_names_the_field(field, value, message):
 
 def test_missing_data_directory_names_the_path(tmp_path, monkeypatch):
     def offline(url, timeout):
-        raise loop.data.urllib.error.URLError("offline")
+        raise corpus.urllib.error.URLError("offline")
 
-    monkeypatch.setattr(loop.data.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(corpus.urllib.request, "urlopen", offline)
     config = tiny_config()
     config.data.dir = str(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nowhere/train.de.gz is missing"):
-        loop.load_corpus(config, "train")
+        corpus.load_corpus(config, "train")

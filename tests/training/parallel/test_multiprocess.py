@@ -13,9 +13,9 @@ import pytest
 
 import multiprocess_checks
 import sharding_checks
-from training import checkpoints
+from training.run import checkpoints
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).parent
 
 

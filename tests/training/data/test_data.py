@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import data, tokenizer
-from training.batching import BatchSchedule
+from training.data import corpus as data, tokenizer
+from training.data.batching import BatchSchedule
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,12 @@ from types import ModuleType
 
 from absl import logging
 
-from training import config as config_lib, evaluate, loop, step as step_lib, tokenizer
+from training import config as config_lib
+from training.data import tokenizer
+from training.data.corpus import load_corpus
+from training.evaluation import evaluate
+from training.evaluation.loaded import load_run
+from training.run import loop, step as step_lib
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
@@ -153,7 +158,7 @@ def shared_vocabulary(config, workdir: Path) -> Path:
     path = workdir / "spm.model"
     if not path.exists():
         config_lib.validate(config)
-        train = loop.load_corpus(config, config.data.train_split)
+        train = load_corpus(config, config.data.train_split)
         tokenizer.load_or_train(path, train.src + train.tgt, config.data.vocab_size, seed=0)
     return path
 
@@ -170,20 +175,21 @@ def _timed(path: Path, fn) -> None:
 
 def measure(run_dir: Path, test_split: str | None) -> dict:
     """Everything the sweep tables report for one finished run (beam 4 on the dev split and `test_split`)."""
-    config, vocab, model, params, step = evaluate.load_run(run_dir)
+    run = load_run(run_dir)
+    config = run.config
     scores = {}
     splits = [("dev", config.data.eval_split)] + ([("test", test_split)] if test_split else [])
     for label, split in splits:
-        score = evaluate.score_split(config, vocab, model, params, split, beam_size=4, workdir=run_dir)
+        score = evaluate.score_split(run, split, beam_size=4, workdir=run_dir)
         scores.update({f"{label}_loss": score["loss"], f"{label}_perplexity": score["perplexity"], f"{label}_bleu": score["bleu"]})
-    dev = loop.load_corpus(config, config.data.eval_split)
-    decoding = evaluate.decoding_speed(model, params, vocab.encode(list(dev.src[:64])), config.data.bucket_lengths)
+    dev = load_corpus(config, config.data.eval_split)
+    decoding = evaluate.decoding_speed(run.model, run.params, run.vocab.encode(list(dev.src[:64])), config.data.bucket_lengths)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     tokens_per_s = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     return {
-        "step": step, "num_heads": config.model.num_heads, "num_kv_heads": config.model.num_kv_heads or config.model.num_heads,
+        "step": run.step, "num_heads": config.model.num_heads, "num_kv_heads": config.model.num_kv_heads or config.model.num_heads,
         "head_dim": config.model.head_dim or config.model.d_model // config.model.num_heads,
-        "parameters": step_lib.parameter_count(params), **scores,
+        "parameters": step_lib.parameter_count(run.params), **scores,
         "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
         "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],
         "bleu_signature": score["signature"], **decoding,

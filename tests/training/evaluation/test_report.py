@@ -2,7 +2,7 @@
 
 import json
 
-from training import report
+from training.evaluation import report
 
 
 def test_curve_table_pairs_each_evaluation_with_the_training_record_before_it(tmp_path):

@@ -1,10 +1,10 @@
-"""`training.step.token_losses` against a NumPy cross-entropy with explicitly smoothed labels."""
+"""`training.run.step.token_losses` against a NumPy cross-entropy with explicitly smoothed labels."""
 
 import jax
 import numpy as np
 import pytest
 
-from training import step as step_lib
+from training.run import step as step_lib
 
 
 def numpy_losses(logits, targets, weights, smoothing):

@@ -15,8 +15,10 @@ import numpy as np
 
 from models import Transformer
 from sharding_checks import VOCAB, as_dict, make_batches, make_config, optimizer
-from training import checkpoints, config as config_lib, distributed, parallel
-from training.metrics import MetricsWriter
+from training import config as config_lib
+from training.parallel import distributed, trainers
+from training.run import checkpoints
+from training.run.metrics import MetricsWriter
 
 STEPS = 5
 
@@ -27,7 +29,7 @@ def main(process_id, num_processes, port, workdir):
     config.distributed.update(coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id)
     distributed.initialize(config.distributed)
     model = Transformer(config_lib.model_config(config, VOCAB))
-    trainer = parallel.make_trainer(config, model, optimizer(config))
+    trainer = trainers.make_trainer(config, model, optimizer(config))
     batches = make_batches(STEPS)
     state = trainer.init_state(jax.random.key(0), batches[0])
     writer = MetricsWriter(workdir)

@@ -17,8 +17,10 @@ import optax
 
 from configs import default
 from models import Transformer
-from training import checkpoints, config as config_lib, parallel, step as step_lib
-from training.batching import Batch
+from training import config as config_lib
+from training.data.batching import Batch
+from training.parallel import trainers
+from training.run import checkpoints, step as step_lib
 
 STEPS = 2
 VOCAB = 64
@@ -102,7 +104,7 @@ def compare(result, reference):
 
 
 def mesh_trainer(config, model, tx):
-    return parallel.make_trainer(config, model, tx)
+    return trainers.make_trainer(config, model, tx)
 
 
 def leaf_info(state, name):
@@ -145,13 +147,13 @@ def main():
             if name == "mha" and mesh == (4, 2):
                 saved = state
 
-    pmap, _ = run(make_config(4, 0.0, parallelism="pmap"), lambda c, m, t: parallel.make_trainer(c, m, t))
+    pmap, _ = run(make_config(4, 0.0, parallelism="pmap"), lambda c, m, t: trainers.make_trainer(c, m, t))
     out["pmap"] = compare(pmap, references["mha"]) | {"jit_4x2_losses": out["equal"]["mha_4x2"]["losses"]}
 
     # A checkpoint written on mesh (4, 2) restored on mesh (2, 4) with shard_embeddings.
     config = make_config(4, 0.0, (2, 4), True)
     model = Transformer(config_lib.model_config(config, VOCAB))
-    target_trainer = parallel.make_trainer(config, model, optimizer(config))
+    target_trainer = trainers.make_trainer(config, model, optimizer(config))
     target = target_trainer.init_state(jax.random.key(1), make_batches()[0])  # as the loop does: a fresh state
     with tempfile.TemporaryDirectory() as workdir:
         ckpts = checkpoints.Checkpoints(workdir, 1)
@@ -171,7 +173,7 @@ def main():
         config = make_config(4, 0.0)
         config.mesh.data, config.mesh.model = mesh
         try:
-            parallel.make_trainer(config, None, None)
+            trainers.make_trainer(config, None, None)
         except ValueError as error:
             out["errors"][name] = str(error)
     json.dump(out, sys.stdout)

@@ -10,7 +10,7 @@ import numpy as np
 import sacrebleu
 
 from models import beam_search, greedy_decode
-from training.batching import BatchSchedule, bucket_length
+from training.data.batching import BatchSchedule, bucket_length
 
 
 def translate(

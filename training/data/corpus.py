@@ -118,3 +118,15 @@ def load_tfds(name: str, split: str, src: str, tgt: str, data_dir: str | None = 
     return _pair_up(
         [e[src].decode("utf-8") for e in examples], [e[tgt].decode("utf-8") for e in examples]
     )
+
+
+def data_dir(config) -> Path:
+    """The Multi30k directory a run's config names: `data.dir`, else `default_multi30k_dir()`."""
+    return Path(config.data.dir) if config.data.dir else default_multi30k_dir()
+
+
+def load_corpus(config, split: str) -> Corpus:
+    """`split` of the dataset `config.data` names (Multi30k or tfds), `data.src` -> `data.tgt`."""
+    if config.data.dataset == "multi30k":
+        return load_multi30k(data_dir(config), split, config.data.src, config.data.tgt)
+    return load_tfds(config.data.dataset, split, config.data.src, config.data.tgt, config.data.dir or None)
