@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from training.run import files
 
 
 def read_metrics(workdir: str | Path) -> tuple[list[dict], list[dict]]:
     """(training records, evaluation records) in file order."""
-    records = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines() if line]
+    records = files.read_jsonl(Path(workdir) / "metrics.jsonl")
     return [r for r in records if "split" not in r], [r for r in records if "split" in r]
 
 

@@ -20,7 +20,7 @@ from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
-from training.run import checkpoints, step as step_lib
+from training.run import checkpoints, files, step as step_lib
 from training.run.metrics import MetricsWriter
 
 
@@ -42,7 +42,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     def record_config():
         config_lib.check_resumable(config, workdir / "config.json")
         if distributed.is_main():
-            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+            files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
 
     distributed.main_first("config", record_config)
     device = jax.devices()[0]

@@ -8,18 +8,17 @@ from pathlib import Path
 import jax
 from tensorboardX import SummaryWriter
 
+from training.run import files
+
 
 class MetricsWriter:
     def __init__(self, workdir: str | Path, resume_step: int = 0):
-        """Records after `resume_step` (logged before an interruption, redone now) are dropped."""
+        """Records after `resume_step` (logged before an interruption, redone now) and a torn last line are dropped."""
         self.enabled = jax.process_index() == 0
         if self.enabled:
             path = Path(workdir) / "metrics.jsonl"
-            kept = [
-                line for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else [])
-                if line and json.loads(line)["step"] <= resume_step
-            ]
-            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            kept = [r for r in (files.read_jsonl(path) if path.exists() else []) if r["step"] <= resume_step]
+            files.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
             self.jsonl = open(path, "a", encoding="utf-8")
             self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
 

@@ -30,7 +30,7 @@ from training.data import tokenizer
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import loop, step as step_lib
+from training.run import files, loop, step as step_lib
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
@@ -92,7 +92,7 @@ def write_spec(workdir: Path, config_path: str, module: ModuleType, seeds: int) 
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {"config": str(config_path), "name": module.SWEEP_NAME, "key": module.SWEEP_KEY,
             "values": list(module.SWEEP_VALUES), "seeds": seeds}
-    (workdir / SPEC_FILE).write_text(json.dumps(spec, indent=2))
+    files.write_atomic(workdir / SPEC_FILE, json.dumps(spec, indent=2))
 
 
 def run_point(config_path: str, workdir: Path, point: Point) -> dict | None:
@@ -114,7 +114,7 @@ def run_point(config_path: str, workdir: Path, point: Point) -> dict | None:
         shutil.copyfile(shared_vocabulary(config, workdir), run_dir / "spm.model")
         _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
         result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir, module.SWEEP_TEST_SPLIT)}
-        result_path.write_text(json.dumps(result, indent=2))
+        files.write_atomic(result_path, json.dumps(result, indent=2))
     finally:
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
     return result
@@ -170,7 +170,7 @@ def _timed(path: Path, fn) -> None:
     try:
         fn()
     finally:
-        path.write_text(json.dumps({"seconds": spent + time.monotonic() - started}))
+        files.write_atomic(path, json.dumps({"seconds": spent + time.monotonic() - started}))
 
 
 def measure(run_dir: Path, test_split: str | None) -> dict:
@@ -184,7 +184,7 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
         scores.update({f"{label}_loss": score["loss"], f"{label}_perplexity": score["perplexity"], f"{label}_bleu": score["bleu"]})
     dev = load_corpus(config, config.data.eval_split)
     decoding = evaluate.decoding_speed(run.model, run.params, run.vocab.encode(list(dev.src[:64])), config.data.bucket_lengths)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    records = files.read_jsonl(run_dir / "metrics.jsonl")
     tokens_per_s = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     return {
         "step": run.step, "num_heads": config.model.num_heads, "num_kv_heads": config.model.num_kv_heads or config.model.num_heads,
