@@ -64,10 +64,11 @@ def _fetch(path: Path, download: bool) -> None:
         raise FileNotFoundError(hint)
     url = MULTI30K_URL.format(name=path.name)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(url, timeout=30) as response:
+            content = response.read()
+        path.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed download leaves no empty directory
         partial = path.with_suffix(".gz.part")
-        with urllib.request.urlopen(url, timeout=30) as response, open(partial, "wb") as out:
-            out.write(response.read())
+        partial.write_bytes(content)
         partial.replace(path)  # never leave a truncated file under the final name
     except (urllib.error.URLError, OSError) as error:
         raise FileNotFoundError(f"{hint}. Downloading {url} failed: {error}") from None

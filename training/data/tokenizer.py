@@ -21,11 +21,17 @@ def load_or_train(path: str | Path, texts: Sequence[str], vocab_size: int, seed:
     """
     path = Path(path)
     if not path.exists():
-        path.write_bytes(_train(texts, vocab_size, seed))
+        path.write_bytes(train(texts, vocab_size, seed))
     return spm.SentencePieceProcessor(model_file=str(path))
 
 
-def _train(texts: Sequence[str], vocab_size: int, seed: int) -> bytes:
+def load(model_proto: bytes) -> spm.SentencePieceProcessor:
+    """A vocabulary from its serialized model (the bytes `train` returns, or an spm.model file's)."""
+    return spm.SentencePieceProcessor(model_proto=model_proto)
+
+
+def train(texts: Sequence[str], vocab_size: int, seed: int) -> bytes:
+    """A unigram model of `texts`, serialized (nothing is written)."""
     if vocab_size < 8:
         raise ValueError(f"data.vocab_size must be >= 8, got {vocab_size}")
     model = io.BytesIO()

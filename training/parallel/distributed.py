@@ -66,6 +66,15 @@ def main_first(name: str, fn):
     return result if is_main() else fn()
 
 
+def broadcast_bytes(data: bytes | None) -> bytes:
+    """Process 0's `data` on every process (the others pass None)."""
+    if jax.process_count() == 1:
+        return data
+    size = int(multihost_utils.broadcast_one_to_all(np.array(len(data) if is_main() else 0, dtype=np.int64)))
+    buffer = np.frombuffer(data, dtype=np.uint8) if is_main() else np.zeros(size, dtype=np.uint8)
+    return multihost_utils.broadcast_one_to_all(buffer).astype(np.uint8).tobytes()
+
+
 def agree(*flags: bool) -> tuple[bool, ...]:
     """Process 0's values of `flags` on every process: clocks and signals differ, but all must stop together."""
     if jax.process_count() == 1:

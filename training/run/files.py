@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` in one step: readers see the old content or the new, never a part."""
+def write_atomic(path: str | Path, content: str | bytes) -> None:
+    """Replace `path` with `content` in one step: readers see the old content or the new, never a part."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(content.encode("utf-8") if isinstance(content, str) else content)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -33,25 +33,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
     With several processes (`training.parallel.distributed`) every process runs this; the workdir must be
     shared. Process 0 writes config.json, the vocabulary and the metrics; orbax writes the
-    checkpoints from all of them.
+    checkpoints from all of them. Nothing is written until config, data, batching, mesh and
+    model have all been checked: a start that fails leaves the workdir as it was.
     """
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
     config_lib.validate(config)
-
-    def record_config():
-        config_lib.check_resumable(config, workdir / "config.json")
-        if distributed.is_main():
-            files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
-
-    distributed.main_first("config", record_config)
+    config_lib.check_resumable(config, workdir / "config.json")
     device = jax.devices()[0]
     logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
     train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
     if config.data.train_limit:
         train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
-    vocab = distributed.main_first("vocabulary", lambda: tokenizer.load_or_train(
-        workdir / "spm.model", train.src + train.tgt, config.data.vocab_size, config.seed))
+    vocab_path = workdir / "spm.model"
+    # The run's vocabulary: the workdir's, else trained now by process 0 (in memory) and shared with the others.
+    vocab_proto = vocab_path.read_bytes() if vocab_path.exists() else distributed.broadcast_bytes(
+        tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed) if distributed.is_main() else None)
+    vocab = tokenizer.load(vocab_proto)
     model = config_lib.build_model(config, vocab)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
 
@@ -67,6 +64,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     trainer = trainers.make_trainer(config, model, tx)
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
+
+    def write_workdir():  # every check has passed
+        workdir.mkdir(parents=True, exist_ok=True)
+        if distributed.is_main():
+            files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
+            if not vocab_path.exists():
+                files.write_atomic(vocab_path, vocab_proto)
+
+    distributed.main_first("workdir", write_workdir)
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
     restored, start = ckpts.restore_latest(trainer.to_checkpoint(state))
     if restored is not None:

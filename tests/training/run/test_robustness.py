@@ -1,0 +1,49 @@
+"""What a run does when it is started wrongly, twice, or on a damaged workdir (issue 18), on tiny runs."""
+
+import os
+
+import pytest
+
+from test_loop import tiny_config
+from training.data import corpus
+from training.run import loop
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def multi30k():
+    if not os.environ.get("MULTI30K_DIR"):
+        pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
+
+
+def offline(url, timeout):
+    raise corpus.urllib.error.URLError("offline")
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("data.dir", "nowhere", FileNotFoundError),  # a data dir that does not exist (and cannot be downloaded)
+    ("data.token_budget", 4, ValueError),  # caught by the batching
+    ("model.attention_impl", "cudnn", ValueError),  # caught when the model is built on the CPU
+])
+def test_a_failed_start_leaves_no_trace(tmp_path, monkeypatch, field, value, error):
+    monkeypatch.setattr(corpus.urllib.request, "urlopen", offline)
+    config = tiny_config(2)
+    section, name = field.split(".")
+    config[section][name] = str(tmp_path / value) if field == "data.dir" else value
+    workdir = tmp_path / "run"
+    with pytest.raises(error):
+        loop.train_and_evaluate(config, workdir)
+    assert not workdir.exists()
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_failed_start_on_an_existing_workdir_leaves_it_as_it_was(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+    config = tiny_config(2)
+    config.data.token_budget = 4
+    with pytest.raises(ValueError, match="token_budget"):
+        loop.train_and_evaluate(config, workdir)
+    assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]  # no config.json to refuse the corrected command
