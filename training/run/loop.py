@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -20,8 +21,11 @@ from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
-from training.run import checkpoints, files, step as step_lib
+from training.run import checkpoints, files, lock, step as step_lib
 from training.run.metrics import MetricsWriter
+
+
+LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir
 
 
 class NonFiniteLoss(RuntimeError):
@@ -39,6 +43,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     workdir = Path(workdir)
     config_lib.validate(config)
     config_lib.check_resumable(config, workdir / "config.json")
+    if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
+        raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
     device = jax.devices()[0]
     logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
     train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
@@ -65,77 +71,79 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
 
-    def write_workdir():  # every check has passed
-        workdir.mkdir(parents=True, exist_ok=True)
-        if distributed.is_main():
-            files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
-            if not vocab_path.exists():
-                files.write_atomic(vocab_path, vocab_proto)
+    workdir.mkdir(parents=True, exist_ok=True)  # every check has passed
+    with lock.held(workdir / LOCK_FILE) if distributed.is_main() else contextlib.nullcontext():
 
-    distributed.main_first("workdir", write_workdir)
-    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
-    restored, start = ckpts.restore_latest(trainer.to_checkpoint(state))
-    if restored is not None:
-        state = trainer.from_checkpoint(restored)
-        logging.info("resumed from step %d", start)
-    n_params = step_lib.parameter_count(trainer.to_checkpoint(state).params)
-    logging.info("model parameters: %d", n_params)
+        def write_workdir():
+            if distributed.is_main():
+                files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
+                if not vocab_path.exists():
+                    files.write_atomic(vocab_path, vocab_proto)
 
-    eval_step = dev_lib.eval_step_fn(model)
-    writer = MetricsWriter(workdir, resume_step=start)
-    learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
-    stop = _StopFlag()
-    dev_metrics: dict = {}
-    window = _Window()
-    progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
-    started = time.monotonic()
-    try:
-        for step in range(start, config.num_train_steps):
-            t0 = time.perf_counter()
-            batch = schedule.batch(step)
-            t1 = time.perf_counter()
-            state, metrics = trainer.step(state, trainer.put_batch(as_arrays(batch)), rng_dropout)
-            metrics = jax.device_get(metrics)  # also waits for the step: honest step times
-            loss = float(metrics["loss"])
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(
-                    f"loss is {loss} at step {step}; stopping. The last good checkpoint is kept in {workdir / 'checkpoints'}"
-                )
-            window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
-            done = step + 1
-            out_of_time, stop_requested = distributed.agree(
-                bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
-            last = done == config.num_train_steps or out_of_time
-            progress.update()
-            progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            if done % config.log_every_steps == 0 or last:
-                record = window.flush(done, float(learning_rate(step)))
-                writer.write(record)
-                eta = (config.num_train_steps - done) * record["step_time_s"]
-                logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
-            evaluate_now = done % config.eval_every_steps == 0 or last
-            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
-            if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
-                _check_finite(state.params, done, workdir)
-            if evaluate_now:
-                dev_metrics = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
-                writer.write(dev_metrics)
-                logging.info("dev %s", dev_metrics)
-                ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
-            if checkpoint_now:
-                ckpts.save(done, trainer.to_checkpoint(state))
-            if out_of_time:
-                logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
-                break
-            if stop_requested:
-                logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
-                break
-    finally:
-        progress.close()
-        stop.restore()
-        writer.close()
-        ckpts.close()
-    return dev_metrics
+        distributed.main_first("workdir", write_workdir)
+        ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+        restored, start = ckpts.restore_latest(trainer.to_checkpoint(state))
+        if restored is not None:
+            state = trainer.from_checkpoint(restored)
+            logging.info("resumed from step %d", start)
+        n_params = step_lib.parameter_count(trainer.to_checkpoint(state).params)
+        logging.info("model parameters: %d", n_params)
+
+        eval_step = dev_lib.eval_step_fn(model)
+        writer = MetricsWriter(workdir, resume_step=start)
+        learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
+        stop = _StopFlag()
+        dev_metrics: dict = {}
+        window = _Window()
+        progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
+        started = time.monotonic()
+        try:
+            for step in range(start, config.num_train_steps):
+                t0 = time.perf_counter()
+                batch = schedule.batch(step)
+                t1 = time.perf_counter()
+                state, metrics = trainer.step(state, trainer.put_batch(as_arrays(batch)), rng_dropout)
+                metrics = jax.device_get(metrics)  # also waits for the step: honest step times
+                loss = float(metrics["loss"])
+                if not math.isfinite(loss):
+                    raise NonFiniteLoss(
+                        f"loss is {loss} at step {step}; stopping. The last good checkpoint is kept in {workdir / 'checkpoints'}"
+                    )
+                window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+                done = step + 1
+                out_of_time, stop_requested = distributed.agree(
+                    bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
+                last = done == config.num_train_steps or out_of_time
+                progress.update()
+                progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
+                if done % config.log_every_steps == 0 or last:
+                    record = window.flush(done, float(learning_rate(step)))
+                    writer.write(record)
+                    eta = (config.num_train_steps - done) * record["step_time_s"]
+                    logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
+                evaluate_now = done % config.eval_every_steps == 0 or last
+                checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
+                if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
+                    _check_finite(state.params, done, workdir)
+                if evaluate_now:
+                    dev_metrics = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
+                    writer.write(dev_metrics)
+                    logging.info("dev %s", dev_metrics)
+                    ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
+                if checkpoint_now:
+                    ckpts.save(done, trainer.to_checkpoint(state))
+                if out_of_time:
+                    logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
+                    break
+                if stop_requested:
+                    logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
+                    break
+        finally:
+            progress.close()
+            stop.restore()
+            writer.close()
+            ckpts.close()
+        return dev_metrics
 
 
 def _log_batch_split(schedule, data_shards):

@@ -13,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import time
@@ -31,6 +29,7 @@ from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 from training.run import files, loop, step as step_lib
+from training.run.lock import claim
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
@@ -118,39 +117,6 @@ def run_point(config_path: str, workdir: Path, point: Point) -> dict | None:
     finally:
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
     return result
-
-
-def claim(lock: Path) -> str | None:
-    """Take the point's lock (HOST:PID of this process); return the holder's HOST:PID if another live one has it.
-
-    Two sweeps (or a scheduler's retries) on one workdir then never train the same point at once; a lock
-    left by a process that died on this host is taken over.
-    """
-    me = f"{socket.gethostname()}:{os.getpid()}"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = lock.read_text().strip()
-            host, _, pid = holder.partition(":")
-            if host != socket.gethostname() or _alive(int(pid or 0)):
-                return holder
-            lock.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        return None
-    return lock.read_text().strip()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
 
 
 def shared_vocabulary(config, workdir: Path) -> Path:

@@ -1,6 +1,8 @@
 """What a run does when it is started wrongly, twice, or on a damaged workdir (issue 18), on tiny runs."""
 
 import os
+import socket
+import subprocess
 
 import pytest
 
@@ -47,3 +49,29 @@ def test_a_failed_start_on_an_existing_workdir_leaves_it_as_it_was(tmp_path):
     with pytest.raises(ValueError, match="token_budget"):
         loop.train_and_evaluate(config, workdir)
     assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]  # no config.json to refuse the corrected command
+
+
+def test_a_second_run_on_a_workdir_in_use_refuses_naming_the_holder(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    other = subprocess.Popen(["sleep", "60"])  # a live process on this host holds the workdir
+    try:
+        (workdir / "train.lock").write_text(f"{socket.gethostname()}:{other.pid}")
+        with pytest.raises(RuntimeError, match=f"in use by {socket.gethostname()}:{other.pid}"):
+            loop.train_and_evaluate(tiny_config(2), workdir)
+    finally:
+        other.kill()
+        other.wait()
+    assert sorted(p.name for p in workdir.iterdir()) == ["train.lock"]  # nothing of the first run touched
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_and_released_at_the_end(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (workdir / "train.lock").write_text(f"{socket.gethostname()}:{dead.pid}")
+    config = tiny_config(1)
+    config.eval.bleu_examples = 1
+    loop.train_and_evaluate(config, workdir)
+    assert (workdir / "checkpoints" / "1").is_dir() and not (workdir / "train.lock").exists()
