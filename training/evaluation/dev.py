@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import jax
 
@@ -22,6 +23,11 @@ def dev_loss(params, batches, eval_step) -> float:
     return sum(float(s["nll_sum"]) for s in sums) / sum(float(s["tokens"]) for s in sums)
 
 
+def perplexity(nll: float) -> float:
+    """exp(nll); inf where that overflows a float (a diverged model), rather than an OverflowError."""
+    return math.exp(nll) if nll < math.log(sys.float_info.max) else math.inf
+
+
 def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step) -> dict:
     """Dev loss and perplexity over the whole dev split; greedy sacreBLEU on its first `eval.bleu_examples`."""
     nll = dev_loss(params, batches, eval_step)
@@ -31,4 +37,4 @@ def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step) -> 
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
     )
     bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])
-    return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": math.exp(nll), "bleu": bleu, "bleu_examples": n}
+    return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": perplexity(nll), "bleu": bleu, "bleu_examples": n}

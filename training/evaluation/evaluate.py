@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path)
     out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     bleu, signature = translate.corpus_bleu(hyps, corpus.tgt)
     return {
-        "split": split, "beam_size": beam_size, "loss": nll, "perplexity": math.exp(nll),
+        "split": split, "beam_size": beam_size, "loss": nll, "perplexity": dev.perplexity(nll),
         "bleu": bleu, "signature": signature, "hypotheses": str(out_path),
     }
 

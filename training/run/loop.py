@@ -29,7 +29,7 @@ LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    """The run diverged: a non-finite loss or parameters, or a dev loss whose perplexity overflows."""
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -106,9 +106,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 metrics = jax.device_get(metrics)  # also waits for the step: honest step times
                 loss = float(metrics["loss"])
                 if not math.isfinite(loss):
-                    raise NonFiniteLoss(
-                        f"loss is {loss} at step {step}; stopping. The last good checkpoint is kept in {workdir / 'checkpoints'}"
-                    )
+                    raise _diverged(f"loss is {loss} at step {step}", ckpts)
                 window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
                 done = step + 1
                 out_of_time, stop_requested = distributed.agree(
@@ -124,9 +122,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 evaluate_now = done % config.eval_every_steps == 0 or last
                 checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
                 if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
-                    _check_finite(state.params, done, workdir)
+                    _check_finite(state.params, done, ckpts)
                 if evaluate_now:
                     dev_metrics = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
+                    if not math.isfinite(dev_metrics["perplexity"]):  # a finite blow-up: as diverged as a NaN
+                        raise _diverged(f"dev loss {dev_metrics['loss']:g} at step {done} overflows its perplexity", ckpts)
                     writer.write(dev_metrics)
                     logging.info("dev %s", dev_metrics)
                     ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
@@ -158,12 +158,18 @@ def _all_finite(params):
     return jax.numpy.all(jax.numpy.stack([jax.numpy.isfinite(x).all() for x in jax.tree.leaves(params)]))
 
 
-def _check_finite(params, step, workdir):
+def _check_finite(params, step, ckpts):
     """Never checkpoint a state that has gone non-finite: the last saved one stays the last good one."""
     if not bool(_all_finite(params)):
-        raise NonFiniteLoss(
-            f"parameters are not finite after step {step}; stopping. The last good checkpoint is kept in {workdir / 'checkpoints'}"
-        )
+        raise _diverged(f"parameters are not finite after step {step}", ckpts)
+
+
+def _diverged(what: str, ckpts) -> NonFiniteLoss:
+    """The error that stops a diverged run, naming the checkpoint a resume would start from (if any)."""
+    steps = ckpts.latest.all_steps()
+    where = (f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory}" if steps
+             else "no checkpoint has been saved, so a resume starts from scratch")
+    return NonFiniteLoss(f"{what}; stopping without saving: {where}")
 
 
 class _Window:

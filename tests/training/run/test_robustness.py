@@ -75,3 +75,15 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_released_at_the_end(tmp
     config.eval.bleu_examples = 1
     loop.train_and_evaluate(config, workdir)
     assert (workdir / "checkpoints" / "1").is_dir() and not (workdir / "train.lock").exists()
+
+
+def test_a_loss_too_large_for_its_perplexity_stops_the_run_naming_the_last_good_checkpoint(tmp_path, monkeypatch):
+    losses = iter([2.0, 5e4])  # a finite blow-up (learning_rate=300 got there): exp(5e4) overflows a float
+    monkeypatch.setattr(loop.dev_lib, "dev_loss", lambda params, batches, eval_step: next(losses))
+    config = tiny_config(3)
+    config.eval_every_steps = config.checkpoint_every_steps = 1
+    config.eval.bleu_examples = 1
+    with pytest.raises(loop.NonFiniteLoss, match=r"dev loss 50000 at step 2 .*last good checkpoint is step 1 in .*checkpoints"):
+        loop.train_and_evaluate(config, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]  # nothing saved after
+    assert sorted(p.name for p in (tmp_path / "best").iterdir() if p.name.isdigit()) == ["1"]
