@@ -43,6 +43,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     workdir = Path(workdir)
     config_lib.validate(config)
     config_lib.check_resumable(config, workdir / "config.json")
+    _check_history(workdir)
     if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
         raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
     device = jax.devices()[0]
@@ -144,6 +145,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             writer.close()
             ckpts.close()
         return dev_metrics
+
+
+def _check_history(workdir: Path) -> None:
+    """A workdir that has run (config.json) but lost checkpoints/ is refused: a silent restart would cut
+    the metrics history and keep the old run's best/."""
+    if (workdir / "config.json").exists() and not (workdir / "checkpoints").is_dir():
+        raise FileNotFoundError(
+            f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run (config.json, metrics, best/): "
+            "restore checkpoints/ to resume it, or start a new --workdir"
+        )
 
 
 def _log_batch_split(schedule, data_shards):

@@ -150,6 +150,17 @@ def test_a_corrupt_latest_checkpoint_is_skipped_and_the_run_redoes_its_steps(str
     assert len(steps) == len(set(steps))  # the redone steps replaced their old records
 
 
+def test_a_workdir_whose_checkpoints_were_deleted_is_refused_not_restarted(straight_run, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(straight_run[0], workdir)
+    shutil.rmtree(workdir / "checkpoints")
+    metrics = (workdir / "metrics.jsonl").read_text()
+    with pytest.raises(FileNotFoundError, match=r"checkpoints.* is missing"):
+        loop.train_and_evaluate(tiny_config(20), workdir)
+    assert (workdir / "metrics.jsonl").read_text() == metrics  # history kept
+    assert not (workdir / "checkpoints").exists() and [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()]
+
+
 def test_a_workdir_refuses_to_resume_with_another_model(straight_run):
     config = tiny_config(30)
     config.model.d_model = 32
