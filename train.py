@@ -8,7 +8,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from training.parallel import distributed
-from training.run import logs
+from training.run import errors, logs
 from training.run.loop import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
@@ -27,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_reporting_user_errors("train.py", lambda: app.run(main))

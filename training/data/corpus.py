@@ -97,8 +97,11 @@ def _pair_up(src_lines, tgt_lines) -> Corpus:
 
 def _read_lines(path: Path) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (gzip.BadGzipFile, EOFError, OSError) as error:
+        raise ValueError(f"{path} is not a readable {'gzip' if path.suffix == '.gz' else 'text'} file ({error})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -48,7 +48,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
     device = jax.devices()[0]
     logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
-    train, dev = load_corpus(config, config.data.train_split), load_corpus(config, config.data.eval_split)
+    train, dev = _nonempty(config, "train_split"), _nonempty(config, "eval_split")
     if config.data.train_limit:
         train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
     vocab_path = workdir / "spm.model"
@@ -56,6 +56,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     vocab_proto = vocab_path.read_bytes() if vocab_path.exists() else distributed.broadcast_bytes(
         tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed) if distributed.is_main() else None)
     vocab = tokenizer.load(vocab_proto)
+    if not vocab_path.exists() and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
+        raise ValueError(f"config.data.vocab_size = {config.data.vocab_size}; expected at most {vocab.vocab_size()}, "
+                         f"the pieces SentencePiece finds in {config.data.train_split!r}")
     model = config_lib.build_model(config, vocab)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
 
@@ -145,6 +148,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             writer.close()
             ckpts.close()
         return dev_metrics
+
+
+def _nonempty(config, field: str) -> Corpus:
+    corpus = load_corpus(config, config.data[field])
+    if not len(corpus):
+        raise ValueError(f"config.data.{field} {config.data[field]!r} has no sentence pairs (dropped: {corpus.dropped})")
+    return corpus
 
 
 def _check_history(workdir: Path) -> None:

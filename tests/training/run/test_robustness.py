@@ -1,8 +1,11 @@
 """What a run does when it is started wrongly, twice, or on a damaged workdir (issue 18), on tiny runs."""
 
+import gzip
 import os
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +90,43 @@ def test_a_loss_too_large_for_its_perplexity_stops_the_run_naming_the_last_good_
         loop.train_and_evaluate(config, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]  # nothing saved after
     assert sorted(p.name for p in (tmp_path / "best").iterdir() if p.name.isdigit()) == ["1"]
+
+
+def run_train(*flags):
+    root = Path(__file__).resolve().parents[3]
+    return subprocess.run([sys.executable, str(root / "train.py"), "--config", str(root / "configs/default.py"), *flags],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+
+
+def test_user_errors_print_one_line_naming_the_field_and_exit_non_zero(tmp_path):
+    typo = run_train("--config.model.num_head=8", f"--workdir={tmp_path / 'a'}")
+    assert typo.returncode != 0 and "num_head" in typo.stderr and 'did you mean "num_heads"' in typo.stderr.lower()
+    assert "Traceback" not in typo.stderr and len(typo.stderr.strip().splitlines()) == 1
+    bad = run_train("--config.model.activation=swish", f"--workdir={tmp_path / 'b'}")
+    assert bad.returncode != 0 and "config.model.activation = 'swish'" in bad.stderr and "Traceback" not in bad.stderr
+    verbose = run_train("--config.model.activation=swish", f"--workdir={tmp_path / 'c'}", "--verbose")
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr  # asked for
+
+
+def test_data_errors_name_the_file(tmp_path):
+    for split, lang in (("train", "de"), ("train", "en")):
+        (tmp_path / f"{split}.{lang}.gz").write_text("not gzip\n")
+    with pytest.raises(ValueError, match=f"{tmp_path}/train.de.gz"):
+        corpus.load_multi30k(tmp_path, "train", "de", "en", download=False)
+    empty = tiny_config(2)
+    empty.data.train_limit = 0
+    for lang in ("de", "en"):
+        (tmp_path / f"train.{lang}.gz").write_bytes(gzip.compress(b"\n"))
+    empty.data.dir = str(tmp_path)
+    for lang in ("de", "en"):
+        (tmp_path / f"val.{lang}.gz").write_bytes((Path(os.environ["MULTI30K_DIR"]) / f"val.{lang}.gz").read_bytes())
+    with pytest.raises(ValueError, match="data.train_split 'train' has no sentence pairs"):
+        loop.train_and_evaluate(empty, tmp_path / "run")
+
+
+def test_a_vocabulary_larger_than_the_corpus_supports_is_refused(tmp_path):
+    config = tiny_config(2)
+    config.data.vocab_size = 100000
+    with pytest.raises(ValueError, match=r"config.data.vocab_size = 100000; expected at most \d+"):
+        loop.train_and_evaluate(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
