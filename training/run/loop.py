@@ -112,6 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 if not math.isfinite(loss):
                     raise _diverged(f"loss is {loss} at step {step}", ckpts)
                 window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+                stop.catch()
                 done = step + 1
                 out_of_time, stop_requested = distributed.agree(
                     bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
@@ -215,11 +216,19 @@ class _Window:
 
 
 class _StopFlag:
-    """SIGTERM/SIGINT set a flag; the loop saves a checkpoint and leaves at the end of the step."""
+    """Once `catch()`-ing, SIGTERM/SIGINT set a flag; the loop saves a checkpoint and leaves at the end of the step.
+
+    The loop catches from the end of its first step: before, there is nothing to save, and a
+    signal keeps its default action, which ends the process at once even inside XLA's first
+    compile (a Python handler would run only after it, tens of seconds later).
+    """
 
     def __init__(self):
-        self.requested, self.signum = False, None
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.requested, self.signum, self.previous = False, None, {}
+
+    def catch(self):
+        if not self.previous:
+            self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         self.requested, self.signum = True, signum

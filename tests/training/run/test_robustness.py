@@ -2,9 +2,11 @@
 
 import gzip
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,22 @@ def test_a_vocabulary_larger_than_the_corpus_supports_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"config.data.vocab_size = 100000; expected at most \d+"):
         loop.train_and_evaluate(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_during_the_first_compile_exits_within_seconds(tmp_path):
+    root = Path(__file__).resolve().parents[3]
+    flags = [f"--config.{k}={v}" for k, v in (("num_train_steps", 5), ("data.train_limit", 300), ("data.vocab_size", 300),
+             ("data.token_budget", 512), ("data.bucket_lengths", "(64,)"), ("model.d_model", 16), ("model.num_heads", 2),
+             ("model.num_layers", 1), ("model.mlp_dim", 32), ("model.max_len", 128))]
+    process = subprocess.Popen(
+        [sys.executable, str(root / "train.py"), "--config", str(root / "configs/default.py"), f"--workdir={tmp_path}", *flags],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    for line in process.stderr:  # the parameter count is logged right before the first step compiles
+        if "model parameters" in line:
+            break
+    time.sleep(3.0)  # into the compile of the first step (it takes 10 s or more on these CPUs)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    assert time.monotonic() - started < 5.0
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]  # nothing trained, nothing lost
