@@ -8,7 +8,8 @@ import json
 
 from absl import app, flags, logging
 
-from training import evaluate
+from training.evaluation import evaluate
+from training.run import errors
 
 flags.DEFINE_string("workdir", None, "a train.py workdir")
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")
@@ -33,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_reporting_user_errors("eval.py", lambda: app.run(main))

@@ -12,9 +12,10 @@ RESULTS_DIR/NAME.{md,csv,png} from the finished runs alone.
 import sys
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from training import sweep, sweep_tables
+from training.run import logs
+from training.sweeps import sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, configs/ablation_kv.py)")
 flags.DEFINE_string("workdir", None, "the sweep's directory: one subdirectory per point and seed")
@@ -35,7 +36,7 @@ def main(argv):
     if not f.collect and f.config is None:
         raise app.UsageError("--config is required unless --collect")
     if f.point:
-        logging.set_verbosity(logging.INFO)
+        logs.configure(verbose=f.verbosity >= 1, main_process=True)  # the point's training log, quiet as train.py's
         key, _, value = f.point.partition("=")
         sweep.run_point(f.config, workdir, sweep.Point(key, int(value), f.seed))
         return

@@ -1,26 +1,30 @@
 """Train a translation model: python train.py --config configs/default.py --workdir runs/default
 
-Multi-host: every process runs this same command (see README, "Multi-device and multi-host training").
+Multi-host: every process runs this same command (see docs/distributed.md).
 """
 
 import jax
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from training import distributed
-from training.loop import train_and_evaluate
+from training.parallel import distributed
+from training.run import errors, logs
+from training.run.loop import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: config.json, checkpoints, metrics, vocabulary")
+flags.DEFINE_bool("verbose", False, "also log every parameter's sharding and the libraries' INFO messages (orbax, JAX); so does -v 1")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
+    verbose = flags.FLAGS.verbose or flags.FLAGS.verbosity >= 1
+    logs.configure(verbose=verbose, main_process=True)  # before JAX starts its backends, which log at INFO
     distributed.initialize(flags.FLAGS.config.distributed)  # before anything else touches JAX's devices
-    logging.set_verbosity(logging.INFO if jax.process_index() == 0 else logging.WARNING)
+    logs.configure(verbose=verbose, main_process=jax.process_index() == 0)
     train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_reporting_user_errors("train.py", lambda: app.run(main))

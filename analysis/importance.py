@@ -18,7 +18,8 @@ import numpy as np
 
 from analysis import tables
 from models import HEAD_MASK_KEYS, head_mask_variables
-from training import loop, step as step_lib
+from training.data.batching import dev_batches
+from training.run import step as step_lib
 
 
 def raw_importance(model, params, batches) -> dict[str, np.ndarray]:
@@ -41,7 +42,7 @@ def normalise_per_layer(scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def head_importance(run, corpus) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(raw, per-layer-normalised) importance {kind: [num_layers, H]} over `corpus` (teacher-forced references)."""
-    raw = raw_importance(run.model, run.params, loop.dev_batches(run.config, run.vocab, corpus))
+    raw = raw_importance(run.model, run.params, dev_batches(run.config, run.vocab, corpus))
     return raw, normalise_per_layer(raw)
 
 

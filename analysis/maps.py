@@ -9,7 +9,7 @@ import numpy as np
 from analysis import heads
 from analysis.plotting import plt, save
 from models.tokens import BOS_ID
-from training import translate
+from training.evaluation import translate
 
 TITLES = {
     "encoder_self": "encoder self-attention (query: source, key: source)",

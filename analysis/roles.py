@@ -21,7 +21,7 @@ import numpy as np
 from analysis import heads, tables
 from analysis.plotting import plt, save
 from models.tokens import EOS_ID, PAD_ID
-from training import loop
+from training.data.batching import dev_batches
 
 SHARES = ("previous", "same", "next", "first", "anchor", "diagonal")
 STATS = (*SHARES, "entropy", "entropy_norm")
@@ -96,7 +96,7 @@ def head_statistics(run, corpus) -> list[dict]:
     """One row per (kind, layer, head): the statistics over `corpus` (teacher-forced references) and a label."""
     anchors = anchor_ids(run.vocab)
     totals: dict = {}
-    for batch in loop.dev_batches(run.config, run.vocab, corpus):
+    for batch in dev_batches(run.config, run.vocab, corpus):
         weights = heads.attention_weights(run.model, run.params, batch["src"], batch["tgt_in"])
         src_valid, tgt_valid = batch["src"] != PAD_ID, batch["tgt_in"] != PAD_ID
         args = {

@@ -10,7 +10,7 @@ Each group of H/G consecutive query heads shares one KV head (the grouping of
 The optimizer state goes along: Adam's moments are mean-pooled / taken from the first head like
 the parameters (zeros for random), and the step counters are kept, so the learning-rate schedule
 and bias correction continue where the original run stopped. Training itself is the ordinary
-`training.loop.train_and_evaluate`, resumed from the converted state saved in a new workdir.
+`training.run.loop.train_and_evaluate`, resumed from the converted state saved in a new workdir.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from analysis import workdir as workdir_lib
-from training import checkpoints, evaluate, loop, step as step_lib
+from training import config as config_lib
+from training.evaluation import evaluate
+from training.evaluation.loaded import load_run
+from training.run import checkpoints, loop, step as step_lib
 
 METHODS = ("mean", "first", "random", "mha")
 
@@ -81,7 +84,8 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     workdir, out_dir = Path(workdir), Path(out_dir)
-    config, vocab, model, _, _ = evaluate.load_run(workdir)
+    loaded = load_run(workdir)
+    config, vocab, model = loaded.config, loaded.vocab, loaded.model
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
     state, start = ckpts.restore_latest(step_lib.abstract_state(model, config.optimizer))
     ckpts.close()
@@ -98,7 +102,7 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     new_config.log_every_steps = max(1, min(config.log_every_steps, steps))
     new_config.eval.bleu_examples = bleu_examples
     new_config.max_train_seconds = 0.0
-    new_model = loop.build_model(new_config, vocab)
+    new_model = config_lib.build_model(new_config, vocab)
     tokens = jnp.ones((1, 2), jnp.int32)
     fresh = new_model.init(jax.random.key(seed), tokens, tokens)["params"]
     converted = convert_state(state, heads, new_config.model.num_kv_heads, method, fresh)
@@ -113,8 +117,8 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     out_ckpts.save(start, converted)  # train_and_evaluate resumes from here
     out_ckpts.close()
     loop.train_and_evaluate(new_config, out_dir)
-    _, _, trained_model, trained, _ = evaluate.load_run(out_dir)
-    return converted.params, new_config, trained_model, trained, steps
+    trained = load_run(out_dir)
+    return converted.params, new_config, trained.model, trained.params, steps
 
 
 def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_size: int = 1,

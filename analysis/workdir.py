@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Any
 
-import jax
-
-from training import data, evaluate, loop, step as step_lib, translate
+from training.data.batching import dev_batches
+from training.data.corpus import Corpus, load_corpus
+from training.evaluation import dev, translate
+from training.evaluation.loaded import load_run
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """What `training.evaluate.load_run` returns, and where the analyses write."""
+    """What `training.evaluation.loaded.LoadedRun` holds, and where the analyses write."""
 
     config: Any
     vocab: Any
@@ -32,24 +32,25 @@ class Run:
 
 def load(workdir: str | Path) -> Run:
     """The workdir's best checkpoint (else its latest), as `eval.py` loads it."""
-    return Run(*evaluate.load_run(workdir), workdir=Path(workdir))
+    loaded = load_run(workdir)
+    return Run(loaded.config, loaded.vocab, loaded.model, loaded.params, loaded.step, workdir=Path(workdir))
 
 
-def dev_subset(config, split: str, size: int, start: int = 0) -> data.Corpus:
+def dev_subset(config, split: str, size: int, start: int = 0) -> Corpus:
     """Pairs `start` .. `start + size` of `split` (to its end when size is 0): the same subset on every call."""
     if size < 0 or start < 0:
         raise ValueError(f"the subset needs size >= 0 (0: to the end) and start >= 0, got size {size}, start {start}")
-    corpus = loop.load_corpus(config, split)
+    corpus = load_corpus(config, split)
     end = start + size if size else len(corpus)
     if start >= len(corpus):
         raise ValueError(f"split {split!r} has {len(corpus)} pairs; a subset starting at {start} is empty")
-    return data.Corpus(corpus.src[start:end], corpus.tgt[start:end], corpus.dropped)
+    return Corpus(corpus.src[start:end], corpus.tgt[start:end], corpus.dropped)
 
 
-def scorer(config, vocab, model, corpus: data.Corpus, beam_size: int = 1):
+def scorer(config, vocab, model, corpus: Corpus, beam_size: int = 1):
     """A function params -> {"loss": dev NLL per token, "bleu": sacreBLEU} on `corpus` (compiled once)."""
-    batches = loop.dev_batches(config, vocab, corpus)
-    eval_step = jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
+    batches = dev_batches(config, vocab, corpus)
+    eval_step = dev.eval_step_fn(model)
     src_ids = vocab.encode(list(corpus.src))
 
     def score(params) -> dict:
@@ -58,6 +59,6 @@ def scorer(config, vocab, model, corpus: data.Corpus, beam_size: int = 1):
             max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
         )
         bleu, _ = translate.corpus_bleu(vocab.decode(hyps), corpus.tgt)
-        return {"loss": loop.dev_loss(params, batches, eval_step), "bleu": bleu}
+        return {"loss": dev.dev_loss(params, batches, eval_step), "bleu": bleu}
 
     return score

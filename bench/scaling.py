@@ -29,8 +29,10 @@ import numpy as np
 from bench.timing import median_ms
 from configs import default
 from models import Transformer
-from training import config as config_lib, parallel, step as step_lib
-from training.batching import Batch
+from training import config as config_lib
+from training.data.batching import Batch
+from training.parallel import trainers
+from training.run import step as step_lib
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
@@ -81,7 +83,7 @@ def state_bytes_per_device(state) -> int:
 def measure(config, devices, rows, length):
     """({collective: (count, bytes)}, state bytes per device) of the compiled step; the state is never computed."""
     model = Transformer(config_lib.model_config(config, config.data.vocab_size))
-    trainer = parallel.make_trainer(config, model, step_lib.make_optimizer(config.optimizer), devices)
+    trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer), devices)
     batch = synthetic_batch(rows, length, config.data.vocab_size)
     arrays = trainer.put_batch({"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights})
     if config.parallelism == "jit":

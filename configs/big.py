@@ -3,7 +3,7 @@
     python train.py --config configs/big.py --workdir runs/big
     python train.py --config configs/big.py --workdir runs/big --config.mesh.data=-1 --config.mesh.model=4  # heads over 4 devices
 
-Multi-host (TPU pod slice, SLURM): the same command on every process, see README "Multi-device and multi-host training".
+Multi-host (TPU pod slice, SLURM): the same command on every process, see docs/distributed.md.
 """
 
 from configs import base

@@ -13,7 +13,7 @@ import ml_collections
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # parameters, dropout and batch order
-    config.num_train_steps = 3500  # optimizer steps: about 60 minutes on this 2-core machine
+    config.num_train_steps = 3500  # optimizer steps; how long they take here: results/default/README.md
     config.log_every_steps = 50  # training metrics to the log, metrics.jsonl and TensorBoard
     config.eval_every_steps = 500  # dev loss, perplexity and greedy BLEU
     config.checkpoint_every_steps = 500  # orbax checkpoint of the full train state

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import ml_collections
 
 import backends
-from models import TransformerConfig
-from training import data, distributed, sharding
+from models import Transformer, TransformerConfig
+from training.data import corpus
+from training.parallel import distributed, sharding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 PARALLELISMS = ("jit", "pmap")
@@ -62,7 +63,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     is_multi30k = config.data.dataset == "multi30k"
     _require("data.dataset", config.data.dataset, is_multi30k or "/" in config.data.dataset,
              "'multi30k' or a tfds translation name such as 'wmt14_translate/de-en'")
-    languages = data.MULTI30K_LANGUAGES if is_multi30k else tuple(config.data.dataset.rsplit("/", 1)[-1].split("-"))
+    languages = corpus.MULTI30K_LANGUAGES if is_multi30k else tuple(config.data.dataset.rsplit("/", 1)[-1].split("-"))
     for field in ("src", "tgt"):
         lang = config.data[field]
         _require(f"data.{field}", lang, lang in languages, f"one of {languages} for {config.data.dataset}")
@@ -108,10 +109,6 @@ def _differences(saved, current, prefix):
     return [d for k in keys if saved.get(k) != current.get(k) for d in _differences(saved.get(k), current.get(k), f"{prefix}.{k}")]
 
 
-def data_dir(config: ml_collections.ConfigDict) -> Path:
-    return Path(config.data.dir) if config.data.dir else data.default_multi30k_dir()
-
-
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
     """The model config, its matmuls as `model.matmul` picks them for JAX's backend (so: after `distributed.initialize`)."""
     dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[config.model.dtype])
@@ -128,6 +125,11 @@ def _model_fields(config: ml_collections.ConfigDict, vocab_size: int) -> Transfo
         tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
         dtype=DTYPES[m.dtype], attention_impl=m.attention_impl,
     )
+
+
+def build_model(config: ml_collections.ConfigDict, vocab) -> Transformer:
+    """The model a run's config describes, sized to the vocabulary it trained (or loaded)."""
+    return Transformer(model_config(config, vocab.vocab_size()))
 
 
 def _require(field, value, ok, expected):

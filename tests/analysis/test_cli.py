@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _test_loop():
-    """tests/training/test_loop.py, for its tiny_config (tests/ has no packages to import it by name)."""
-    spec = importlib.util.spec_from_file_location("training_test_loop", ROOT / "tests" / "training" / "test_loop.py")
+    """tests/training/run/test_loop.py, for its tiny_config (tests/ has no packages to import it by name)."""
+    spec = importlib.util.spec_from_file_location("training_test_loop", ROOT / "tests" / "training" / "run" / "test_loop.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -28,7 +28,7 @@ def workdir(tmp_path_factory):
     config = _test_loop().tiny_config(steps=20)
     config.model.update(num_heads=4, d_model=16)  # heads to group: G=2 is a real GQA
     workdir = tmp_path_factory.mktemp("tiny")
-    from training import loop
+    from training.run import loop
 
     loop.train_and_evaluate(config, workdir)
     return workdir

@@ -1,0 +1,41 @@
+"""`training.run.step.token_losses` against a NumPy cross-entropy with explicitly smoothed labels."""
+
+import jax
+import numpy as np
+import pytest
+
+from training.run import step as step_lib
+
+
+def numpy_losses(logits, targets, weights, smoothing):
+    logits = logits.astype(np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    vocab = logits.shape[-1]
+    labels = np.full(logits.shape, smoothing / vocab)
+    np.put_along_axis(labels, targets[..., None], 1 - smoothing + smoothing / vocab, axis=-1)
+    smoothed = -(labels * log_probs).sum(-1)
+    nll = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return (smoothed * weights).sum(), (nll * weights).sum(), weights.sum()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_token_losses_match_numpy(smoothing):
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((3, 5, 11)) * 4).astype(np.float32)
+    targets = rng.integers(0, 11, (3, 5))
+    weights = (rng.random((3, 5)) > 0.3).astype(np.float32)
+    got = step_lib.token_losses(logits, targets, weights, smoothing)
+    np.testing.assert_allclose(got, numpy_losses(logits, targets, weights, smoothing), rtol=1e-5)
+
+
+def test_token_loss_gradient_is_softmax_minus_smoothed_labels():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((2, 3, 7)).astype(np.float32)
+    targets = rng.integers(0, 7, (2, 3))
+    weights = np.ones((2, 3), np.float32)
+    grad = jax.grad(lambda z: step_lib.token_losses(z, targets, weights, 0.1)[0])(logits)
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    labels = np.full(logits.shape, 0.1 / 7)
+    np.put_along_axis(labels, targets[..., None], 0.9 + 0.1 / 7, axis=-1)
+    np.testing.assert_allclose(grad, probs - labels, atol=1e-6)

@@ -1,0 +1,1 @@
+"""Data: parallel corpora (`corpus`), the SentencePiece vocabulary (`tokenizer`), token-budget batches (`batching`)."""

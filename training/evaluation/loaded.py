@@ -1,0 +1,45 @@
+"""A trained run read back from its workdir: config, vocabulary, model and the parameters to use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import sentencepiece as spm
+
+from models import Transformer
+from training import config as config_lib
+from training.run import checkpoints, step as step_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRun:
+    """What eval.py, sweeps and analyses work on; `step` is the checkpoint's step."""
+
+    config: ml_collections.ConfigDict
+    vocab: spm.SentencePieceProcessor
+    model: Transformer
+    params: Any
+    step: int
+
+
+def load_run(workdir: str | Path) -> LoadedRun:
+    """The run in `workdir`, best checkpoint first (else the latest)."""
+    workdir = Path(workdir)
+    for name in ("config.json", "spm.model"):
+        if not (workdir / name).exists():
+            raise FileNotFoundError(f"{workdir / name} is missing: is {workdir} a train.py workdir?")
+    config = config_lib.complete(ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text())))
+    config.data.bucket_lengths = tuple(config.data.bucket_lengths)
+    vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
+    model = config_lib.build_model(config, vocab)
+    abstract = step_lib.abstract_state(model, config.optimizer)
+    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+    state, step = ckpts.restore_for_eval(abstract)
+    ckpts.close()
+    if state is None:
+        raise FileNotFoundError(f"no readable checkpoint in {workdir}/best or {workdir}/checkpoints")
+    return LoadedRun(config, vocab, model, state.params, step)

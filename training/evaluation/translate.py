@@ -1,0 +1,54 @@
+"""Batch translation of token-id sentences with greedy or beam search, and corpus BLEU."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+import sacrebleu
+
+from models import beam_search, greedy_decode
+from training.data.batching import BatchSchedule, bucket_length
+
+
+def translate(
+    model, params, src_ids: Sequence[Sequence[int]], *, beam_size: int, alpha: float,
+    max_extra_length: int, bucket_lengths: Sequence[int], rows: int = 64,
+) -> list[list[int]]:
+    """Token ids of each translation (EOS and padding removed), in input order.
+
+    Sources are cut to the model's max_len, grouped by bucket length and padded to `rows` rows, so each bucket compiles once;
+    output length is capped at bucket length + `max_extra_length` (and the model's max_len).
+    """
+    eos, pad = model.config.eos_id, model.config.pad_id
+    src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+    results: list[list[int]] = [[] for _ in src_ids]
+    for start in range(0, len(order), rows):
+        chunk = order[start : start + rows]
+        longest = max(len(src_ids[i]) for i in chunk)
+        length = bucket_length(longest, bucket_lengths)
+        batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
+        max_len = min(length + max_extra_length, model.config.max_len)
+        tokens = np.asarray(decoder(model, beam_size, alpha, max_len)(params, batch.src))
+        for row, i in enumerate(chunk):
+            out = list(tokens[row])
+            out = out[: out.index(eos)] if eos in out else out
+            results[i] = [t for t in out if t != pad]
+    return results
+
+
+@functools.lru_cache(maxsize=32)
+def decoder(model, beam_size, alpha, max_len):
+    if beam_size == 1:
+        return jax.jit(lambda params, src: greedy_decode(model, params, src, max_len))
+    return jax.jit(lambda params, src: beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len)[0])
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """(sacreBLEU score, its signature): 13a tokenisation, cased, on detokenised text."""
+    metric = sacrebleu.metrics.BLEU()
+    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return score.score, str(metric.get_signature())

@@ -1,0 +1,1 @@
+"""Devices: the mesh and sharding rules (`sharding`), the jit / pmap trainers (`trainers`), multi-host start-up (`distributed`)."""

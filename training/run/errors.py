@@ -1,0 +1,31 @@
+"""User errors at a command line: one line naming the field, value and what is expected, exit status 1, no traceback."""
+
+from __future__ import annotations
+
+import sys
+
+from training.run.lock import DirectoryInUse
+
+# What a user fixes in a flag, a config field, a data file or a workdir; ml_collections reports
+# an unknown config field as an AttributeError (or KeyError) carrying its 'Did you mean' hint.
+USER_ERRORS = (ValueError, FileNotFoundError, KeyError, AttributeError, DirectoryInUse)
+
+
+def run_reporting_user_errors(program: str, run, verbose_flags=("--verbose", "-v", "--v", "--verbosity")) -> None:
+    """Call `run()`; a user error exits with one line on stderr (its traceback only with a verbose flag)."""
+    try:
+        run()
+    except USER_ERRORS as error:
+        if any(arg.split("=")[0] in verbose_flags for arg in sys.argv[1:]):
+            raise
+        sys.exit(f"{program}: error: {one_line(error)}")
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (ml_collections nests its unknown-field KeyError in an AttributeError)."""
+    while error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]
+    text = str(error.args[0]) if len(error.args) == 1 else str(error)
+    if isinstance(error, KeyError):
+        text = f"unknown config field {text}"
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())

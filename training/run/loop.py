@@ -1,0 +1,238 @@
+"""The training run, top to bottom: config -> data -> vocabulary -> batches -> model -> steps -> checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+import tqdm
+
+from training import config as config_lib
+from training.data import tokenizer
+from training.data.batching import BatchSchedule, as_arrays, dev_batches
+from training.data.corpus import Corpus, load_corpus
+from training.evaluation import dev as dev_lib
+from training.parallel import distributed, trainers
+from training.run import checkpoints, files, lock, step as step_lib
+from training.run.metrics import MetricsWriter
+
+
+LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir
+
+
+class NonFiniteLoss(RuntimeError):
+    """The run diverged: a non-finite loss or parameters, or a dev loss whose perplexity overflows."""
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Train (resuming from the workdir's latest checkpoint) and return the last dev metrics.
+
+    With several processes (`training.parallel.distributed`) every process runs this; the workdir must be
+    shared. Process 0 writes config.json, the vocabulary and the metrics; orbax writes the
+    checkpoints from all of them. Nothing is written until config, data, batching, mesh and
+    model have all been checked: a start that fails leaves the workdir as it was.
+    """
+    workdir = Path(workdir)
+    config_lib.validate(config)
+    config_lib.check_resumable(config, workdir / "config.json")
+    _check_history(workdir)
+    if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
+        raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
+    device = jax.devices()[0]
+    logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
+    train, dev = _nonempty(config, "train_split"), _nonempty(config, "eval_split")
+    if config.data.train_limit:
+        train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
+    vocab_path = workdir / "spm.model"
+    # The run's vocabulary: the workdir's, else trained now by process 0 (in memory) and shared with the others.
+    vocab_proto = vocab_path.read_bytes() if vocab_path.exists() else distributed.broadcast_bytes(
+        tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed) if distributed.is_main() else None)
+    vocab = tokenizer.load(vocab_proto)
+    if not vocab_path.exists() and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
+        raise ValueError(f"config.data.vocab_size = {config.data.vocab_size}; expected at most {vocab.vocab_size()}, "
+                         f"the pieces SentencePiece finds in {config.data.train_split!r}")
+    model = config_lib.build_model(config, vocab)
+    logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
+
+    schedule = BatchSchedule(
+        vocab.encode(list(train.src)), vocab.encode(list(train.tgt)),
+        token_budget=config.data.token_budget, bucket_lengths=config.data.bucket_lengths, seed=config.seed,
+    )
+    logging.info("%d batches an epoch; %d pairs longer than the largest bucket dropped", schedule.batches_per_epoch, schedule.examples_dropped)
+    dev_set = dev_batches(config, vocab, dev)
+
+    rng_params, rng_dropout = jax.random.split(jax.random.key(config.seed))
+    tx = step_lib.make_optimizer(config.optimizer)
+    trainer = trainers.make_trainer(config, model, tx)
+    _log_batch_split(schedule, trainer.data_shards)
+    state = trainer.init_state(rng_params, schedule.batch(0))
+
+    workdir.mkdir(parents=True, exist_ok=True)  # every check has passed
+    with lock.held(workdir / LOCK_FILE) if distributed.is_main() else contextlib.nullcontext():
+
+        def write_workdir():
+            if distributed.is_main():
+                files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
+                if not vocab_path.exists():
+                    files.write_atomic(vocab_path, vocab_proto)
+
+        distributed.main_first("workdir", write_workdir)
+        ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+        restored, start = ckpts.restore_latest(trainer.to_checkpoint(state))
+        if restored is not None:
+            state = trainer.from_checkpoint(restored)
+            logging.info("resumed from step %d", start)
+        n_params = step_lib.parameter_count(trainer.to_checkpoint(state).params)
+        logging.info("model parameters: %d", n_params)
+
+        eval_step = dev_lib.eval_step_fn(model)
+        writer = MetricsWriter(workdir, resume_step=start)
+        learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
+        stop = _StopFlag()
+        dev_metrics: dict = {}
+        window = _Window()
+        progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
+        started = time.monotonic()
+        try:
+            for step in range(start, config.num_train_steps):
+                t0 = time.perf_counter()
+                batch = schedule.batch(step)
+                t1 = time.perf_counter()
+                state, metrics = trainer.step(state, trainer.put_batch(as_arrays(batch)), rng_dropout)
+                metrics = jax.device_get(metrics)  # also waits for the step: honest step times
+                loss = float(metrics["loss"])
+                if not math.isfinite(loss):
+                    raise _diverged(f"loss is {loss} at step {step}", ckpts)
+                window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+                stop.catch()
+                done = step + 1
+                out_of_time, stop_requested = distributed.agree(
+                    bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
+                last = done == config.num_train_steps or out_of_time
+                progress.update()
+                progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
+                if done % config.log_every_steps == 0 or last:
+                    record = window.flush(done, float(learning_rate(step)))
+                    writer.write(record)
+                    eta = (config.num_train_steps - done) * record["step_time_s"]
+                    logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
+                evaluate_now = done % config.eval_every_steps == 0 or last
+                checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
+                if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
+                    _check_finite(state.params, done, ckpts)
+                if evaluate_now:
+                    dev_metrics = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
+                    if not math.isfinite(dev_metrics["perplexity"]):  # a finite blow-up: as diverged as a NaN
+                        raise _diverged(f"dev loss {dev_metrics['loss']:g} at step {done} overflows its perplexity", ckpts)
+                    writer.write(dev_metrics)
+                    logging.info("dev %s", dev_metrics)
+                    ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
+                if checkpoint_now:
+                    ckpts.save(done, trainer.to_checkpoint(state))
+                if out_of_time:
+                    logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
+                    break
+                if stop_requested:
+                    logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
+                    break
+        finally:
+            progress.close()
+            stop.restore()
+            writer.close()
+            ckpts.close()
+        return dev_metrics
+
+
+def _nonempty(config, field: str) -> Corpus:
+    corpus = load_corpus(config, config.data[field])
+    if not len(corpus):
+        raise ValueError(f"config.data.{field} {config.data[field]!r} has no sentence pairs (dropped: {corpus.dropped})")
+    return corpus
+
+
+def _check_history(workdir: Path) -> None:
+    """A workdir that has run (config.json) but lost checkpoints/ is refused: a silent restart would cut
+    the metrics history and keep the old run's best/."""
+    if (workdir / "config.json").exists() and not (workdir / "checkpoints").is_dir():
+        raise FileNotFoundError(
+            f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run (config.json, metrics, best/): "
+            "restore checkpoints/ to resume it, or start a new --workdir"
+        )
+
+
+def _log_batch_split(schedule, data_shards):
+    """Rows a batch and a data shard per bucket length (a batch's rows are padded to a multiple of the shards)."""
+    rows = {length: n for length, n, _ in schedule.buckets}
+    per_device = {length: -(-n // data_shards) for length, n in rows.items()}
+    logging.info("batch rows by bucket length %s; per data shard (%d shards) %s", rows, data_shards, per_device)
+
+
+@jax.jit
+def _all_finite(params):
+    return jax.numpy.all(jax.numpy.stack([jax.numpy.isfinite(x).all() for x in jax.tree.leaves(params)]))
+
+
+def _check_finite(params, step, ckpts):
+    """Never checkpoint a state that has gone non-finite: the last saved one stays the last good one."""
+    if not bool(_all_finite(params)):
+        raise _diverged(f"parameters are not finite after step {step}", ckpts)
+
+
+def _diverged(what: str, ckpts) -> NonFiniteLoss:
+    """The error that stops a diverged run, naming the checkpoint a resume would start from (if any)."""
+    steps = ckpts.latest.all_steps()
+    where = (f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory}" if steps
+             else "no checkpoint has been saved, so a resume starts from scratch")
+    return NonFiniteLoss(f"{what}; stopping without saving: {where}")
+
+
+class _Window:
+    """Accumulates per-step timings and metrics between two log lines."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, data_s, step_s, tokens, padding, metrics):
+        self.rows.append((data_s, step_s, tokens, padding, float(metrics["loss"]), float(metrics["nll"]), float(metrics["grad_norm"])))
+
+    def flush(self, step, learning_rate) -> dict:
+        data_s, step_s, tokens, padding, loss, nll, grad_norm = np.array(self.rows).T
+        self.rows = []
+        total = data_s.sum() + step_s.sum()
+        return {
+            "step": step, "loss": float(loss.mean()), "nll": float(nll.mean()), "learning_rate": learning_rate,
+            "grad_norm": float(grad_norm.mean()), "tokens_per_s": float(tokens.sum() / total),
+            "step_time_s": float(total / len(loss)), "data_fraction": float(data_s.sum() / total),
+            "padding_fraction": float(padding.mean()),
+        }
+
+
+class _StopFlag:
+    """Once `catch()`-ing, SIGTERM/SIGINT set a flag; the loop saves a checkpoint and leaves at the end of the step.
+
+    The loop catches from the end of its first step: before, there is nothing to save, and a
+    signal keeps its default action, which ends the process at once even inside XLA's first
+    compile (a Python handler would run only after it, tens of seconds later).
+    """
+
+    def __init__(self):
+        self.requested, self.signum, self.previous = False, None, {}
+
+    def catch(self):
+        if not self.previous:
+            self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.requested, self.signum = True, signum
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,40 @@
+"""Run metrics to `metrics.jsonl` (one JSON object per record) and TensorBoard, from process 0 only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+from tensorboardX import SummaryWriter
+
+from training.run import files
+
+
+class MetricsWriter:
+    def __init__(self, workdir: str | Path, resume_step: int = 0):
+        """Records after `resume_step` (logged before an interruption, redone now) and a torn last line are dropped."""
+        self.enabled = jax.process_index() == 0
+        if self.enabled:
+            path = Path(workdir) / "metrics.jsonl"
+            kept = [r for r in (files.read_jsonl(path) if path.exists() else []) if r["step"] <= resume_step]
+            files.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+            self.jsonl = open(path, "a", encoding="utf-8")
+            self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        """`record` holds `step` and scalars; `split` (if present) prefixes the TensorBoard tags."""
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        prefix = record.get("split", "train")
+        for name, value in record.items():
+            if name not in ("step", "split") and isinstance(value, (int, float)):
+                self.tensorboard.add_scalar(f"{prefix}/{name}", value, record["step"])
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.jsonl.close()
+            self.tensorboard.close()

@@ -1,0 +1,1 @@
+"""Config sweeps: running their points (`sweep`) and the tables and plots built from them (`tables`)."""
