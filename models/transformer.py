@@ -180,6 +180,7 @@ def _attention(layer, train, name, decode=False):
     config = layer.config
     module = attention.MultiHeadAttention(
         num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
+        v_head_dim=config.v_head_dim,
         dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
         qkv_dot_general=config.dot_general, out_dot_general=config.dot_general,
