@@ -128,7 +128,7 @@ def test_time_budget_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path):
 
 def test_a_bfloat16_run_tracks_the_float32_run_and_keeps_float32_parameters(straight_run, tmp_path):
     config = tiny_config(20)
-    config.model.dtype = "bfloat16"  # on the CPU: the row-major matmuls of models/matmul.py
+    config.model.dtype = "bfloat16"  # on the CPU: the row-major matmuls of backends/xla_cpu_bf16.py
     loop.train_and_evaluate(config, tmp_path)
     train_losses = lambda workdir: [r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
                                     if "split" not in r]
