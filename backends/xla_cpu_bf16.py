@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 # Side of the square tiles `transposed` moves: XLA:CPU's plain 2-D transpose of a 16-bit array
-# runs ~10x slower than two passes through 16 x 16 tiles (2048 x 2048 bfloat16: 22 ms vs 2.7 ms).
+# runs far slower than two passes through 16 x 16 tiles (results/code_choices.md).
 _TILE = 16
 # /proc/cpuinfo flags of x86 bfloat16 dot instructions (AVX512-BF16, AMX-BF16).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -65,8 +65,8 @@ def row_major_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 
     The product is returned in float32 (bfloat16 operands, float32 results), so the bias add and
     the elementwise work after it, and their gradients' reductions, run in float32: XLA:CPU
-    rounds a bfloat16 reduction to bfloat16 after every add, a scalar loop ~50x slower than
-    the float32 one (a layer's bias gradient: 5 ms instead of 0.1 ms).
+    rounds a bfloat16 reduction to bfloat16 after every add, a scalar loop far slower than
+    the float32 one (results/code_choices.md).
     """
     return _float32_product(a, b)
 

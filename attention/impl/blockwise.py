@@ -10,7 +10,7 @@ it. Memory is O(N·D + block_q·block_k) instead of O(N²).
 Layout inside the kernel: q `[B, G, R, Lq, Dk]` (R = H/G query heads per KV head, already scaled by
 1/sqrt(Dk)), k/v `[B, G, Lk, D]`, so GQA/MQA contract each KV head with its R query heads in
 one matmul and K/V are never repeated. Every block product is A·B or A·Bᵀ, never Aᵀ·B (a
-contraction over both operands' leading axis, which XLA:CPU runs ~1.6x slower): the backward
+contraction over both operands' leading axis, slower on XLA:CPU; results/code_choices.md): the backward
 keeps dK and dV transposed. Logits accumulate in float32 whatever the input dtype.
 
 Conventions shared with the dense paths: masked logits are `finfo(float32).min`; a query row
@@ -32,8 +32,7 @@ from jax import lax
 from attention.grouped import Options
 
 Array = Any
-# At N = 2048 (1 x 8 heads x 64), 256 x 256 had the fastest forward and was within 3 % of the best
-# forward+backward (256 x 128) among 128-512 blocks; 512 x 512 was 16-28 % slower (results/attention_bench.md).
+# 256 x 256: the fastest forward and near-best forward+backward at N = 2048 (results/code_choices.md).
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -279,7 +278,7 @@ def _backward(config, q, k, v, mask, bias, rng, out, lse, d_out):
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, G, R, Lq]
     # Q and dO transposed once to [B, G, D, R, Lq], and dK, dV accumulated transposed
     # ([B, G, D, Lk]), so that each block's dK^T = Q^T dS and dV^T = dO^T P are plain matmuls:
-    # XLA:CPU runs dS^T Q (a contraction over both operands' leading axis) ~1.6x slower.
+    # XLA:CPU runs dS^T Q (a contraction over both operands' leading axis) slower (results/code_choices.md).
     q_t, d_out_t = (jnp.moveaxis(x, 4, 2) for x in (q, d_out))
 
     def step(carry, i, j, structured):

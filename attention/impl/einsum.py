@@ -1,7 +1,7 @@
 """`impl="einsum"`: `attention_head`'s algebra as one batched einsum pair over all heads.
 
 The logits are laid out `[B, G, Lq, R, Lk]`: the order a dot_general of q `[B, Lq, G, R, d_k]`
-produces natively, which keeps XLA from transposing the `Lq x Lk` matrices (2x faster).
+produces natively, which keeps XLA from transposing the `Lq x Lk` matrices (results/code_choices.md).
 """
 
 from __future__ import annotations
