@@ -12,6 +12,7 @@ import argparse
 import logging
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
+from training.run import errors
 
 
 def main(argv=None):
@@ -92,4 +93,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    errors.run_reporting_user_errors("analyze.py", main)

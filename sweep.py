@@ -14,7 +14,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from training.run import logs
+from training.run import errors, logs
 from training.sweeps import sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, configs/ablation_kv.py)")
@@ -56,4 +56,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_reporting_user_errors("sweep.py", lambda: app.run(main))
