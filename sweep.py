@@ -19,7 +19,7 @@ from pathlib import Path
 from absl import app, flags
 
 from training.run import errors, logs
-from training.sweeps import sweep, tables as sweep_tables
+from training.sweeps import launch, sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
 flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
@@ -65,8 +65,6 @@ def main(argv):
         return
     program = [sys.executable, str(Path(__file__).resolve())]
     if f.launcher == "slurm":
-        from training.sweeps import launch  # submitit only where it is used
-
         options = launch.SlurmOptions(f.slurm_partition, f.slurm_gpus, f.slurm_time_min, f.slurm_cpus)
         failed = launch.wait(launch.submit(program, f.config, workdir, results_dir, f.seeds, options))
     else:
