@@ -8,6 +8,7 @@ sacreBLEU's default resampling seed (SACREBLEU_SEED, 12345).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,9 +25,15 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
     if not len(baseline) == len(system) == len(references):
         raise ValueError(f"baseline, system and references must be the same sentences: got {len(baseline)}, {len(system)} "
                          f"and {len(references)} lines")
-    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()}, [list(references)],
-                      test_type="bs", n_samples=resamples)
-    _, scores = test()
+    logger = logging.getLogger("sacrebleu")  # it narrates each test at INFO; a table takes dozens
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()}, [list(references)],
+                          test_type="bs", n_samples=resamples)
+        _, scores = test()
+    finally:
+        logger.setLevel(level)
     return scores["BLEU"][1].p_value
 
 
