@@ -1,12 +1,16 @@
 """Run a config sweep and collect its tables and plots.
 
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 2
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 2 --print_commands
-    python sweep.py --collect --workdir runs/heads [--results_dir results]
+    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3
+    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --launcher slurm \
+        --slurm_partition gpu --slurm_gpus 1 --slurm_time_min 120
+    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
+    python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
 
-Finished points are skipped and interrupted ones resume; `--print_commands` prints one command
-per point for a cluster scheduler instead of running them, and `--collect` rebuilds
-RESULTS_DIR/NAME.{md,csv,png} from the finished runs alone.
+A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
+there are skipped, wherever the sweep is continued, and interrupted ones resume from their
+checkpoint in WORKDIR. `--launcher slurm` submits one submitit job per unfinished point and waits
+for them; `--print_commands` prints one command per point instead; `--collect` rebuilds
+RESULTS_DIR/NAME.{md,csv,png} from RESULTS_DIR/NAME/ alone.
 """
 
 import sys
@@ -15,41 +19,57 @@ from pathlib import Path
 from absl import app, flags
 
 from training.run import errors, logs
-from training.sweeps import sweep, tables as sweep_tables
+from training.sweeps import launch, sweep, tables as sweep_tables
 
-flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, configs/ablation_kv.py)")
-flags.DEFINE_string("workdir", None, "the sweep's directory: one subdirectory per point and seed")
-flags.DEFINE_integer("seeds", 2, "seeds per point (0, 1, ...)")
-flags.DEFINE_integer("jobs", 1, "points run at the same time")
+flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
+flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
+flags.DEFINE_integer("seeds", 3, "seeds per point (0, 1, ...)")
+flags.DEFINE_integer("jobs", 1, "--launcher local: points run at the same time")
+flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "local: subprocesses here; slurm: one submitit job per point")
+flags.DEFINE_string("slurm_partition", "", "--launcher slurm: partition ('' : the cluster's default)")
+flags.DEFINE_integer("slurm_gpus", 0, "--launcher slurm: GPUs per job")
+flags.DEFINE_integer("slurm_time_min", 240, "--launcher slurm: time limit per job, minutes")
+flags.DEFINE_integer("slurm_cpus", 4, "--launcher slurm: CPU cores per job")
 flags.DEFINE_bool("print_commands", False, "print each unfinished point's command and exit")
-flags.DEFINE_bool("collect", False, "only rebuild the tables and plots from finished points")
-flags.DEFINE_string("results_dir", "results", "where NAME.md, NAME.csv and NAME.png go")
+flags.DEFINE_bool("collect", False, "only rebuild the tables and plots from the results stored in --results_dir")
+flags.DEFINE_string("results_dir", "results", "finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png")
 flags.DEFINE_string("point", None, "internal / cluster use: run only this point (KEY=VALUE) ...")
 flags.DEFINE_integer("seed", 0, "... with this seed")
-flags.mark_flag_as_required("workdir")
+
+SLURM_FLAGS = ("slurm_partition", "slurm_gpus", "slurm_time_min", "slurm_cpus")
 
 
 def main(argv):
     del argv
     f = flags.FLAGS
+    results_dir = Path(f.results_dir)
+    if f.collect:
+        names = [sweep.load_module(f.config).SWEEP_NAME] if f.config else None
+        for path in sweep_tables.collect(results_dir, names):
+            print(f"wrote {path}")
+        return
+    if f.config is None or f.workdir is None:
+        raise app.UsageError("--config and --workdir are required unless --collect")
+    if f.launcher == "local" and (given := [n for n in SLURM_FLAGS if f[n].present]):
+        raise ValueError(f"--{given[0]} applies to --launcher slurm only, got --launcher local")
     workdir = Path(f.workdir)
-    if not f.collect and f.config is None:
-        raise app.UsageError("--config is required unless --collect")
+    module = sweep.load_module(f.config)
     if f.point:
         logs.configure(verbose=f.verbosity >= 1, main_process=True)  # the point's training log, quiet as train.py's
-        key, _, value = f.point.partition("=")
-        sweep.run_point(f.config, workdir, sweep.Point(key, int(value), f.seed))
+        sweep.run_point(f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir)
         return
     if f.print_commands:
-        module = sweep.load_module(f.config)
-        sweep.write_spec(workdir, f.config, module, f.seeds)
-        for point in sweep.points(module, f.seeds):
-            if not sweep.is_finished(workdir, point):
-                print(sweep.shell_line(sweep.point_command(["python", "sweep.py"], f.config, workdir, point)))
+        sweep.write_spec(results_dir, f.config, module, f.seeds)
+        for point in sweep.unfinished(module, f.seeds, results_dir):
+            print(sweep.shell_line(sweep.point_command(["python", "sweep.py"], f.config, workdir, results_dir, point)))
         return
     program = [sys.executable, str(Path(__file__).resolve())]
-    failed = [] if f.collect else sweep.run_sweep(program, f.config, workdir, f.seeds, f.jobs)
-    for path in sweep_tables.collect(workdir, Path(f.results_dir)):
+    if f.launcher == "slurm":
+        options = launch.SlurmOptions(f.slurm_partition, f.slurm_gpus, f.slurm_time_min, f.slurm_cpus)
+        failed = launch.wait(launch.submit(program, f.config, workdir, results_dir, f.seeds, options))
+    else:
+        failed = sweep.run_sweep(program, f.config, workdir, results_dir, f.seeds, f.jobs)
+    for path in sweep_tables.collect(results_dir, [module.SWEEP_NAME]):
         print(f"wrote {path}")
     if failed:
         sys.exit(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}; see WORKDIR/NAME.log")

@@ -1,11 +1,13 @@
 """Config sweeps: one workdir per (point, seed), each an ordinary training run plus a fixed evaluation.
 
 A sweep config module (e.g. configs/ablation_heads.py) is an ordinary config whose argument
-`KEY=VALUE` selects a point, plus four names: `SWEEP_NAME` (the results' file stem), `SWEEP_KEY`,
-`SWEEP_VALUES` and `SWEEP_TEST_SPLIT` (a held-out split also scored, or None). A point's workdir holds the usual train.py files and, once evaluated,
-`result.json`; its presence marks the point finished. All points share one SentencePiece
-vocabulary (trained once into the sweep's workdir), so the only differences are the swept field
-and the seed.
+`KEY=VALUE` selects a point, plus five names: `SWEEP_NAME` (the results' name), `SWEEP_KEY`,
+`SWEEP_VALUES`, `SWEEP_REFERENCE` (the value every point is compared with) and `SWEEP_TEST_SPLIT`
+(a held-out split also scored, or None). A point trains in WORKDIR/KEYVALUE_seedK (checkpoints,
+logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (training/sweeps/store.py), and a
+point whose result.json is there is finished, on whichever machine that directory is checked out.
+All points share one SentencePiece vocabulary (RESULTS_DIR/NAME/spm.model), so the only
+differences are the swept field and the seed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import time
@@ -30,11 +32,11 @@ from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 from training.run import files, loop, step as step_lib
 from training.run.lock import claim
+from training.sweeps import store
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
-RESULT_FILE = "result.json"
-SPEC_FILE = "sweep.json"
+SWEEP_NAMES = ("SWEEP_NAME", "SWEEP_KEY", "SWEEP_VALUES", "SWEEP_REFERENCE", "SWEEP_TEST_SPLIT", "get_config")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Point:
 
     @property
     def name(self) -> str:
+        """The point's workdir (and log) name."""
         return f"{self.key}{self.value}_seed{self.seed}"
 
     @property
@@ -53,79 +56,122 @@ class Point:
 
 
 def load_module(config_path: str | Path) -> ModuleType:
-    """The sweep config module at `config_path`, checked for the three sweep names."""
+    """The sweep config module at `config_path`, checked for the sweep names and their values."""
     path = Path(config_path)
     if not path.is_file():
         raise FileNotFoundError(f"--config {config_path}: no such file")
     spec = importlib.util.spec_from_file_location(f"sweep_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    missing = [n for n in ("SWEEP_NAME", "SWEEP_KEY", "SWEEP_VALUES", "SWEEP_TEST_SPLIT", "get_config") if not hasattr(module, n)]
+    missing = [n for n in SWEEP_NAMES if not hasattr(module, n)]
     if missing:
         raise ValueError(f"{config_path} is not a sweep config: it lacks {', '.join(missing)}")
+    _check(config_path, module)
     return module
 
 
+def _check(config_path, module: ModuleType) -> None:
+    def bad(name, expected):
+        return ValueError(f"{config_path}: {name} = {getattr(module, name)!r}; expected {expected}")
+
+    if not isinstance(module.SWEEP_NAME, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", module.SWEEP_NAME):
+        raise bad("SWEEP_NAME", "a name of letters, digits, '_' and '-' (it names results/NAME/)")
+    if not isinstance(module.SWEEP_KEY, str) or not re.fullmatch(r"[A-Za-z_]+", module.SWEEP_KEY):
+        raise bad("SWEEP_KEY", "the config argument's key, letters and '_' only (e.g. 'h')")
+    values = module.SWEEP_VALUES
+    if (not isinstance(values, (tuple, list)) or not values or len(set(values)) != len(values)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
+        raise bad("SWEEP_VALUES", "a non-empty tuple of distinct positive ints")
+    if module.SWEEP_REFERENCE not in values:
+        raise bad("SWEEP_REFERENCE", f"one of SWEEP_VALUES {tuple(values)}")
+    if module.SWEEP_TEST_SPLIT is not None and not isinstance(module.SWEEP_TEST_SPLIT, str):
+        raise bad("SWEEP_TEST_SPLIT", "a split name or None")
+
+
 def points(module: ModuleType, seeds: int) -> list[Point]:
-    if not isinstance(seeds, int) or seeds < 1:
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ValueError(f"--seeds must be a positive int, got {seeds!r}")
     # Seed-major: a sweep cut short has every value once before it has any twice.
     return [Point(module.SWEEP_KEY, value, seed) for seed in range(seeds) for value in module.SWEEP_VALUES]
 
 
-def point_command(program: list[str], config_path: str, workdir: Path, point: Point) -> list[str]:
-    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point: what a cluster scheduler launches."""
-    return [*program, "--config", str(config_path), "--workdir", str(workdir), "--point", point.arg, "--seed", str(point.seed)]
+def sweep_dir(results_dir: str | Path, module: ModuleType) -> Path:
+    return Path(results_dir) / module.SWEEP_NAME
+
+
+def parse_point(arg: str, seed: int, module: ModuleType) -> Point:
+    """The point `--point KEY=VALUE --seed K` names, checked against the sweep config."""
+    key, _, value = arg.partition("=")
+    if key != module.SWEEP_KEY or not value.isdigit() or int(value) not in module.SWEEP_VALUES:
+        raise ValueError(f"--point {arg!r}: expected {module.SWEEP_KEY}=<one of {tuple(module.SWEEP_VALUES)}>")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    return Point(key, int(value), seed)
+
+
+def point_command(program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point) -> list[str]:
+    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point: what a scheduler launches."""
+    return [*program, "--config", str(config_path), "--workdir", str(workdir), "--results_dir", str(results_dir),
+            "--point", point.arg, "--seed", str(point.seed)]
 
 
 def shell_line(command: list[str]) -> str:
     return " ".join(shlex.quote(part) for part in command)
 
 
-def is_finished(workdir: Path, point: Point) -> bool:
-    return (workdir / point.name / RESULT_FILE).exists()
-
-
-def write_spec(workdir: Path, config_path: str, module: ModuleType, seeds: int) -> None:
-    """What `collect` needs to rebuild the tables from the finished runs alone."""
-    workdir.mkdir(parents=True, exist_ok=True)
+def write_spec(results_dir: Path, config_path: str, module: ModuleType, seeds: int) -> None:
+    """What `--collect` needs besides the points' files: the swept values and the reference point."""
     spec = {"config": str(config_path), "name": module.SWEEP_NAME, "key": module.SWEEP_KEY,
-            "values": list(module.SWEEP_VALUES), "seeds": seeds}
-    files.write_atomic(workdir / SPEC_FILE, json.dumps(spec, indent=2))
+            "values": list(module.SWEEP_VALUES), "reference": module.SWEEP_REFERENCE,
+            "test_split": module.SWEEP_TEST_SPLIT, "seeds": seeds}
+    store.write_spec(sweep_dir(results_dir, module), spec)
 
 
-def run_point(config_path: str, workdir: Path, point: Point) -> dict | None:
-    """Train (resuming) and evaluate one point; a finished point returns its stored result, one that
-    another live process is running returns None."""
-    result_path = workdir / point.name / RESULT_FILE
+def unfinished(module: ModuleType, seeds: int, results_dir: Path) -> list[Point]:
+    return [p for p in points(module, seeds) if not store.is_finished(sweep_dir(results_dir, module), p)]
+
+
+def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) -> dict | None:
+    """Train (resuming) and evaluate one point, then store its files under RESULTS_DIR/NAME; a finished
+    point returns its stored result, one that another live process is running returns None."""
+    module = load_module(config_path)
+    out = sweep_dir(results_dir, module)
+    result_path = store.point_dir(out, point) / store.RESULT_FILE
     if result_path.exists():
         return json.loads(result_path.read_text())
-    module = load_module(config_path)
     config = module.get_config(point.arg)
     config.seed = point.seed
-    run_dir = workdir / point.name
+    run_dir = Path(workdir) / point.name
     run_dir.mkdir(parents=True, exist_ok=True)
     owner = claim(run_dir / LOCK_FILE)
     if owner is not None:
         logging.warning("%s is being run by process %s; leaving it to that one", run_dir, owner)
         return None
     try:
-        shutil.copyfile(shared_vocabulary(config, workdir), run_dir / "spm.model")
+        vocabulary = shared_vocabulary(config, out)
+        if not (run_dir / "spm.model").exists():
+            files.write_atomic(run_dir / "spm.model", vocabulary.read_bytes())
         _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
-        result = {"point": point.arg, "value": point.value, "seed": point.seed, **measure(run_dir, module.SWEEP_TEST_SPLIT)}
-        files.write_atomic(result_path, json.dumps(result, indent=2))
+        result = {"point": point.arg, "value": point.value, "seed": point.seed,
+                  **measure(run_dir, module.SWEEP_TEST_SPLIT), **store.git_commit()}
+        if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():
+            references = load_corpus(config, module.SWEEP_TEST_SPLIT).tgt
+            files.write_atomic(store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references))
+        store.save_point(out, point, run_dir, result)
     finally:
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
     return result
 
 
-def shared_vocabulary(config, workdir: Path) -> Path:
+def shared_vocabulary(config, out: Path) -> Path:
     """The sweep's one SentencePiece model (seed 0, the training split), trained on first use."""
-    path = workdir / "spm.model"
+    path = out / store.VOCABULARY_FILE
     if not path.exists():
         config_lib.validate(config)
         train = load_corpus(config, config.data.train_split)
-        tokenizer.load_or_train(path, train.src + train.tgt, config.data.vocab_size, seed=0)
+        out.mkdir(parents=True, exist_ok=True)
+        # Atomic: two points starting together both train it, identically, and neither reads half a file.
+        files.write_atomic(path, tokenizer.train(train.src + train.tgt, config.data.vocab_size, seed=0))
     return path
 
 
@@ -154,7 +200,7 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
     tokens_per_s = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     geometry = run.model.config.geometry
     return {
-        "step": run.step, "num_heads": geometry.num_heads, "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
+        "step": run.step, "num_heads": geometry.num_heads, "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim, "v_head_dim": geometry.v_head_dim,
         "parameters": step_lib.parameter_count(run.params), **scores,
         "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
         "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],
@@ -162,21 +208,22 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
     }
 
 
-def run_sweep(program: list[str], config_path: str, workdir: Path, seeds: int, jobs: int = 1) -> list[Point]:
-    """Run every unfinished point as its own process (`jobs` at a time); return the points that failed.
+def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: Path, seeds: int, jobs: int = 1) -> list[Point]:
+    """Run every unfinished point as its own process on this machine (`jobs` at a time); return the points that failed.
 
     Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
-    latest checkpoint and skips finished ones; its log goes to WORKDIR/NAME.log.
+    latest checkpoint and skips finished ones; its log goes to WORKDIR/KEYVALUE_seedK.log.
     """
-    if not isinstance(jobs, int) or jobs < 1:
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
     module = load_module(config_path)
-    write_spec(workdir, config_path, module, seeds)
-    todo = [p for p in points(module, seeds) if not is_finished(workdir, p)]
+    write_spec(results_dir, config_path, module, seeds)
+    todo = unfinished(module, seeds, results_dir)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     running: list[tuple[Point, subprocess.Popen, object]] = []
     failed: list[Point] = []
     try:
-        _drive(program, config_path, workdir, jobs, todo, running, failed)
+        _drive(program, config_path, Path(workdir), Path(results_dir), sweep_dir(results_dir, module), jobs, todo, running, failed)
     finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
         for _, process, log in running:
             process.terminate()
@@ -185,12 +232,12 @@ def run_sweep(program: list[str], config_path: str, workdir: Path, seeds: int, j
     return failed
 
 
-def _drive(program, config_path, workdir, jobs, todo, running, failed):
+def _drive(program, config_path, workdir, results_dir, out, jobs, todo, running, failed):
     while todo or running:
         while todo and len(running) < jobs:
             point = todo.pop(0)
             log = open(workdir / f"{point.name}.log", "a")
-            command = point_command(program, config_path, workdir, point)
+            command = point_command(program, config_path, workdir, results_dir, point)
             print(f"[sweep] start {point.name}: {shell_line(command)}", flush=True)
             running.append((point, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log))
         time.sleep(1.0)
@@ -198,7 +245,7 @@ def _drive(program, config_path, workdir, jobs, todo, running, failed):
             point, process, log = entry
             running.remove(entry)
             log.close()
-            if process.returncode == 0 and not is_finished(workdir, point):
+            if process.returncode == 0 and not store.is_finished(out, point):
                 print(f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}", flush=True)
                 continue
             ok = process.returncode == 0

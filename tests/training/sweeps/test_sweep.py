@@ -1,15 +1,21 @@
-"""sweep.py end to end on a two-point tiny sweep: runs, skips finished points, collects tables and a plot."""
+"""sweep.py end to end on a two-point tiny sweep, continued on "another machine" through submitit's local executor.
+
+The h = 2 point runs first (local launcher); the whole sweep then continues from a copy of the
+committed results alone (a fresh workdir, no checkpoints), where only h = 1 is left, and that
+one runs as a submitit job. Two point trainings in all, as many as the sweep has points.
+"""
 
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from training.sweeps import sweep
+from training.sweeps import launch, store, sweep
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,10 +26,21 @@ CONFIG = "tests/training/sweeps/tiny_sweep.py"
 def swept(tmp_path_factory):
     if not os.environ.get("MULTI30K_DIR"):
         pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
-    workdir = tmp_path_factory.mktemp("sweep")
-    results = workdir / "results"
-    out = run_cli("--config", CONFIG, "--workdir", workdir, "--seeds", "1", "--jobs", "2", "--results_dir", results)
-    return workdir, results, out
+    base = tmp_path_factory.mktemp("sweep")
+    first = base / "tiny_h2.py"  # the same sweep (same SWEEP_NAME) with only its h = 2 point
+    first.write_text((ROOT / CONFIG).read_text().replace("SWEEP_VALUES = (1, 2)", "SWEEP_VALUES = (2,)"))
+    workdir, results = base / "machine1" / "runs", base / "machine1" / "results"
+    out = run_cli("--config", first, "--workdir", workdir, "--seeds", "1", "--jobs", "2", "--results_dir", results)
+    # Machine 2: a checkout of the committed results only.
+    results2 = base / "machine2" / "results"
+    shutil.copytree(results, results2)
+    workdir2 = base / "machine2" / "runs"
+    module = sweep.load_module(ROOT / CONFIG)
+    submitted = launch.submit([sys.executable, str(ROOT / "sweep.py")], str(ROOT / CONFIG), workdir2, results2, 1,
+                              launch.SlurmOptions(time_min=20), cluster="local")
+    failed = launch.wait(submitted)
+    return {"workdir": workdir, "results": results, "workdir2": workdir2, "results2": results2, "out": out,
+            "submitted": [p.name for p, _ in submitted], "failed": failed, "sweep": results2 / module.SWEEP_NAME}
 
 
 def run_cli(*args):
@@ -33,54 +50,57 @@ def run_cli(*args):
 
 
 def test_every_point_runs_and_is_measured(swept):
-    workdir, _, out = swept
-    for name, heads in (("h1_seed0", 1), ("h2_seed0", 2)):
-        assert f"[sweep] done {name}" in out
-        result = json.loads((workdir / name / "result.json").read_text())
+    assert "[sweep] done h2_seed0" in swept["out"]
+    assert swept["submitted"] == ["h1_seed0"] and swept["failed"] == []  # h2 came from machine 1's results
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    for name, heads in (("h1", 1), ("h2", 2)):
+        point = swept["sweep"] / name / "seed0"
+        result = json.loads((point / "result.json").read_text())
         assert (result["num_heads"], result["head_dim"], result["step"]) == (heads, 16 // heads, 4)
         # Cache bytes from the arrays: 1 decoder layer x (K, V) x d_model 16 x float32, whatever h is.
         assert result["kv_cache_bytes_per_token"] == 1 * 2 * 16 * 4
         assert 0 <= result["dev_bleu"] <= 100 and result["test_perplexity"] > 1
-    # One shared vocabulary: the points tokenise identically.
-    assert (workdir / "h1_seed0" / "spm.model").read_bytes() == (workdir / "spm.model").read_bytes() == (workdir / "h2_seed0" / "spm.model").read_bytes()
+        assert result["commit"] == head
+        assert sorted(p.name for p in point.iterdir()) == ["config.json", "hypotheses.test_2016_flickr.beam4.txt",
+                                                          "hypotheses.val.beam4.txt", "metrics.jsonl", "result.json"]
+        assert len((point / "hypotheses.test_2016_flickr.beam4.txt").read_text().splitlines()) == 1000
+    # One shared vocabulary, carried to machine 2 with the results: the points tokenise identically.
+    vocabulary = (swept["results"] / "tiny_heads" / "spm.model").read_bytes()
+    assert (swept["workdir"] / "h2_seed0" / "spm.model").read_bytes() == vocabulary
+    assert (swept["workdir2"] / "h1_seed0" / "spm.model").read_bytes() == vocabulary
+    assert not (swept["workdir2"] / "h2_seed0").exists()  # never retrained on machine 2
 
 
 def test_finished_points_are_skipped(swept):
-    workdir, results, _ = swept
-    stamp = (workdir / "h1_seed0" / "result.json").stat().st_mtime_ns
-    out = run_cli("--config", CONFIG, "--workdir", workdir, "--seeds", "1", "--results_dir", results)
+    results2 = swept["results2"]
+    stamp = (swept["sweep"] / "h1" / "seed0" / "result.json").stat().st_mtime_ns
+    out = run_cli("--config", CONFIG, "--workdir", swept["workdir2"], "--seeds", "1", "--results_dir", results2)
     assert "[sweep] start" not in out
-    assert (workdir / "h1_seed0" / "result.json").stat().st_mtime_ns == stamp
-    assert run_cli("--config", CONFIG, "--workdir", workdir, "--seeds", "1", "--print_commands") == ""
+    assert (swept["sweep"] / "h1" / "seed0" / "result.json").stat().st_mtime_ns == stamp
+    assert run_cli("--config", CONFIG, "--workdir", swept["workdir2"], "--seeds", "1", "--results_dir", results2, "--print_commands") == ""
+    assert launch.submit([sys.executable, str(ROOT / "sweep.py")], str(ROOT / CONFIG), swept["workdir2"], results2, 1, launch.SlurmOptions(), cluster="local") == []
 
 
-def test_collect_writes_table_csv_and_plot(swept):
-    workdir, _, _ = swept
-    results = workdir / "collected"
-    run_cli("--collect", "--workdir", workdir, "--results_dir", results)
+def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp_path):
+    results = tmp_path / "checkout" / "results"  # no runs/ anywhere near it
+    shutil.copytree(swept["results2"], results, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
+    run_cli("--collect", "--results_dir", results)
     table = (results / "tiny_heads.md").read_text().splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert header[:6] == ["h", "d_k", "parameters", "dev PPL", "dev BLEU", "test BLEU"]
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2"]
-    assert table[2].split("|")[10].strip() == "24.9"  # the paper's h=1 dev BLEU beside ours
+    assert header[:7] == ["h", "d_k", "parameters", "dev PPL", "dev BLEU", "test PPL", "test BLEU"]
+    assert [line.split("|")[1].strip() for line in table[2:4]] == ["1", "2"]
+    assert table[2].split("|")[header.index("paper dev BLEU") + 1].strip() == "24.9"  # the paper's h=1 dev BLEU beside ours
+    p_column = header.index("test BLEU p vs h=2 (paired bootstrap, per seed pair)") + 1
+    assert 0 < float(table[2].split("|")[p_column]) <= 1 and table[3].split("|")[p_column].strip() == "reference"
     rows = list(csv.DictReader(open(results / "tiny_heads.csv")))
     assert [r["value"] for r in rows] == ["1", "2"] and "dev_bleu_mean" in rows[0]
     assert (results / "tiny_heads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_print_commands_lists_unfinished_points(tmp_path):
-    out = run_cli("--config", CONFIG, "--workdir", tmp_path, "--seeds", "2", "--print_commands").splitlines()
+    out = run_cli("--config", CONFIG, "--workdir", tmp_path, "--results_dir", tmp_path / "results", "--seeds", "2",
+                  "--print_commands").splitlines()
     assert len(out) == 4 and out[0].endswith("--point h=1 --seed 0") and out[1].endswith("--point h=2 --seed 0")
-
-
-def test_bad_sweep_config(tmp_path):
-    (tmp_path / "plain.py").write_text("def get_config(arg=None):\n    return None\n")
-    with pytest.raises(ValueError, match="lacks SWEEP_NAME"):
-        sweep.load_module(tmp_path / "plain.py")
-    with pytest.raises(FileNotFoundError, match="no such file"):
-        sweep.load_module(tmp_path / "missing.py")
-    with pytest.raises(ValueError, match="--seeds"):
-        sweep.points(sweep.load_module(ROOT / CONFIG), 0)
 
 
 def test_point_lock_keeps_two_sweeps_apart(tmp_path):

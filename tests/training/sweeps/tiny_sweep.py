@@ -6,6 +6,7 @@ SWEEP_NAME = "tiny_heads"
 SWEEP_KEY = "h"
 SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = (1, 2)
+SWEEP_REFERENCE = 2
 
 
 def get_config(arg=None):
