@@ -25,7 +25,7 @@ def write(cache: Array, new: Array, index: Array) -> Array:
     """
     *batch, G, L, D = cache.shape
     B, L_new = math.prod(batch), new.shape[-3]
-    positions = index.reshape(B, 1) + jnp.arange(L_new, dtype=index.dtype)  # [B, L_new]
+    positions = index.reshape(B, 1) + jnp.arange(L_new, dtype=index.dtype)[None, :]  # [B, L_new]
     rows = jnp.arange(B, dtype=index.dtype)[:, None]
     flat = cache.reshape(B, G, L, D)
     # advanced indices on axes 0 and 2 put their [B, L_new] first: values are [B, L_new, G, D]
@@ -35,6 +35,8 @@ def write(cache: Array, new: Array, index: Array) -> Array:
 
 def causal_mask(index: Array, new_length: int, max_length: int) -> Array:
     """`[batch..., 1, L_new, max_length]` bool: new query i of sequence b sees keys <= index[b] + i."""
-    query_positions = index[..., None] + jnp.arange(new_length, dtype=index.dtype)  # [batch..., L_new]
-    mask = jnp.arange(max_length, dtype=index.dtype) <= query_positions[..., None]
+    steps = jnp.arange(new_length, dtype=index.dtype).reshape((1,) * index.ndim + (new_length,))
+    query_positions = index[..., None] + steps  # [batch..., L_new]
+    keys = jnp.arange(max_length, dtype=index.dtype).reshape((1,) * (index.ndim + 1) + (max_length,))
+    mask = keys <= query_positions[..., None]
     return mask[..., None, :, :]

@@ -371,6 +371,55 @@ class MultiHeadAttention(nnx.Module):
         self.cache_index = nnx.Cache(jnp.zeros(batch, jnp.int32))
 
 
+def to_linen_params(layer: nnx.Module) -> dict:
+    """The layer's `nnx.Param`s as a Linen `params` tree (`{"query": {"kernel": ...}, ...}`).
+
+    Flax's Linen and NNX attention layers and ours share parameter names and shapes, so this
+    tree is what `attention.MultiHeadAttention` / `flax.linen.MultiHeadDotProductAttention`
+    take as `{"params": tree}` for the same configuration.
+    """
+    return nnx.to_pure_dict(nnx.state(layer, nnx.Param))
+
+
+def load_linen_params(layer: nnx.Module, params: Mapping[str, Any]) -> None:
+    """Set `layer`'s `nnx.Param`s from a Linen `params` tree (the `"params"` collection, not the variables).
+
+    Raises a ValueError naming the first parameter path that is missing, unexpected or of
+    another shape.
+    """
+    state = nnx.state(layer, nnx.Param)
+    ours = _flat(nnx.to_pure_dict(state))
+    theirs = _flat(params)
+    for path in sorted(set(ours) | set(theirs)):
+        name = "/".join(path)
+        if path not in theirs:
+            raise ValueError(f"params: {name} is missing (the layer has it, shape {ours[path].shape})")
+        if path not in ours:
+            raise ValueError(f"params: {name} is not a parameter of this layer ({type(layer).__name__})")
+        if tuple(jnp.shape(theirs[path])) != tuple(ours[path].shape):
+            raise ValueError(
+                f"params: {name} has shape {tuple(jnp.shape(theirs[path]))}; the layer expects {tuple(ours[path].shape)}"
+            )
+    nnx.replace_by_pure_dict(state, _unflatten({p: jnp.asarray(v) for p, v in theirs.items()}))
+    nnx.update(layer, state)
+
+
+def _flat(tree, prefix=()):
+    if not isinstance(tree, Mapping):
+        return {prefix: tree}
+    return {path: leaf for key, sub in tree.items() for path, leaf in _flat(sub, (*prefix, str(key))).items()}
+
+
+def _unflatten(flat):
+    tree: dict = {}
+    for path, leaf in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf
+    return tree
+
+
 def _resolve_inputs(inputs_q, inputs_k, inputs_v):
     """Flax's rules: k defaults to q, v to k."""
     if inputs_k is None:
