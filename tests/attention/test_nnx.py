@@ -1,5 +1,7 @@
 """`attention.nnx.MultiHeadAttention` against `flax.nnx.MultiHeadAttention` itself: same params, same outputs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,9 +22,10 @@ def flax_and_ours(*args, seed=0, **kwargs):
     return theirs, ours
 
 
-def run(layer, *args, **kwargs):
-    """`layer(*args, **kwargs)` under `nnx.jit`: one compile instead of many eager ops."""
-    return nnx.jit(lambda m, *a: m(*a, **kwargs))(layer, *args)
+@functools.partial(nnx.jit, static_argnames=("deterministic", "is_causal"))
+def run(layer, x, mask=None, rngs=None, deterministic=None, is_causal=False):
+    """`layer(x, ...)` under `nnx.jit`: one compile instead of many eager ops."""
+    return layer(x, mask=mask, rngs=rngs, deterministic=deterministic, is_causal=is_causal)
 
 
 def params(layer):
@@ -60,8 +63,8 @@ def test_dropout_with_the_same_rngs_matches_flax(broadcast):
     for _ in range(2):  # the kept stream advances the same way
         np.testing.assert_allclose(run(ours, X, deterministic=False), run(theirs, X, deterministic=False), atol=1e-5)
     np.testing.assert_allclose(
-        ours(X, deterministic=False, rngs=nnx.Rngs(dropout=7)),
-        theirs(X, deterministic=False, rngs=nnx.Rngs(dropout=7)), atol=1e-5,
+        run(ours, X, rngs=nnx.Rngs(dropout=7), deterministic=False),
+        run(theirs, X, rngs=nnx.Rngs(dropout=7), deterministic=False), atol=1e-5,
     )
     assert not np.allclose(run(ours, X, deterministic=False), run(ours, X, deterministic=True))
 

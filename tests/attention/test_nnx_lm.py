@@ -89,10 +89,12 @@ def test_tiny_lm_trains_and_decodes_ragged_prompts_with_prefill():
     generated = np.stack(generated, axis=1)
 
     # reference: greedy decoding by full causal passes over each growing sequence, no cache
+    # (right-padded to MAX_LEN: one compile; causal, so the padding never reaches the read position)
     for b, n in enumerate(lengths):
         sequence = list(np.asarray(prompts[b, :n]))
         for _ in range(steps):
-            sequence.append(int(jnp.argmax(full_pass(model, jnp.array([sequence]))[0, -1])))
+            padded = jnp.array([sequence + [0] * (MAX_LEN - len(sequence))])
+            sequence.append(int(jnp.argmax(full_pass(model, padded)[0, len(sequence) - 1])))
         np.testing.assert_array_equal(generated[b], sequence[n:])
     np.testing.assert_array_equal(generated[0], [5, 6, 7, 8, 9])  # it learned to count
 
