@@ -39,7 +39,7 @@ def test_same_parameter_paths_shapes_and_values_as_flax(kv_heads):
     assert params(ours)["key"]["kernel"].shape == (16, kv_heads, 2)
 
 
-@pytest.mark.parametrize("impl, kv_heads", [("vmap", 4), ("vmap", 2), ("einsum", 2), ("xla", 1), ("blockwise", 2)])
+@pytest.mark.parametrize("impl, kv_heads", [("vmap", 4), ("einsum", 2), ("xla", 1), ("blockwise", 2)])
 def test_self_attention_with_masks_matches_flax(impl, kv_heads):
     theirs, ours = flax_and_ours(4, 16, num_kv_heads=kv_heads, impl=impl, block_sizes=(4, 4))
     causal = nnx.make_causal_mask(X[..., 0])  # Flax's float32 0/1 mask
@@ -57,11 +57,12 @@ def test_cross_attention_with_other_sizes_matches_flax():
     np.testing.assert_allclose(ours(X, kv, v), theirs(X, kv, v), atol=1e-5)
 
 
-@pytest.mark.parametrize("broadcast", [True, False])
-def test_dropout_with_the_same_rngs_matches_flax(broadcast):
-    theirs, ours = flax_and_ours(4, 16, num_kv_heads=2, dropout_rate=0.3, broadcast_dropout=broadcast)
-    for _ in range(2):  # the kept stream advances the same way
+def test_dropout_with_the_same_rngs_matches_flax():
+    for broadcast in (False, True):
+        theirs, ours = flax_and_ours(4, 16, num_kv_heads=2, dropout_rate=0.3, broadcast_dropout=broadcast)
         np.testing.assert_allclose(run(ours, X, deterministic=False), run(theirs, X, deterministic=False), atol=1e-5)
+    # the kept stream advances the same way; rngs given at the call take precedence
+    np.testing.assert_allclose(run(ours, X, deterministic=False), run(theirs, X, deterministic=False), atol=1e-5)
     np.testing.assert_allclose(
         run(ours, X, rngs=nnx.Rngs(dropout=7), deterministic=False),
         run(theirs, X, rngs=nnx.Rngs(dropout=7), deterministic=False), atol=1e-5,
