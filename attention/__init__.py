@@ -5,6 +5,8 @@ from attention.geometry import HeadGeometry
 from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention, SelfAttention
 from attention.masks import combine_masks, make_attention_mask, make_causal_mask, make_padding_mask
 
+from attention import nnx  # attention.nnx.MultiHeadAttention: the flax.nnx layer
+
 __all__ = [
     "HeadGeometry",
     "IMPLS",
@@ -18,4 +20,5 @@ __all__ = [
     "make_attention_mask",
     "make_causal_mask",
     "make_padding_mask",
+    "nnx",
 ]

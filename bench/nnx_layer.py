@@ -1,0 +1,118 @@
+"""The NNX layer under `nnx.jit` against the Linen layer under `jax.jit`: same shapes, same run.
+
+    taskset -c 1 python -m bench.nnx_layer
+    taskset -c 1 python -m bench.nnx_layer --rounds 5 --reps 10
+
+Rows: forward+backward of the layer (batch 4, length 256, d_model 256, 8 heads, 2 KV heads,
+causal) under `nnx.jit`, and again under `jax.jit` over `nnx.split`'s state (the layer without
+`nnx.jit`'s per-call graph handling), and one decode step (batch 8, d_model 512, 8 heads, 2 KV heads, cache 1024 about half full,
+one new token per sequence, cache donated: the NNX step is `jax.jit` over `nnx.split`/`nnx.merge`
+with the `nnx.Cache` state donated, since `nnx.jit(donate_argnums=...)` would donate the
+parameters too). Both layers are built on `attention.attend`; the
+ratio (NNX / Linen) shows what `nnx.jit`'s graph handling adds per call. Rounds alternate
+NNX and Linen; each entry is the median over rounds of the per-round median times (CPU time
+of this process per call; `--clock wall` for wall-clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import attention
+from bench.timing import CLOCKS, median_ms
+
+HEADS, KV_HEADS = 8, 2
+
+
+def train_pair(batch=4, length=256, width=256, split=False):
+    """(nnx_fn, linen_fn): one jitted forward+backward each, on the same parameters and input.
+
+    `split`: the NNX side is `jax.jit` over `nnx.split`'s state and `nnx.merge` instead of
+    `nnx.jit`, to separate the layer's cost from `nnx.jit`'s.
+    """
+    x = jax.random.normal(jax.random.key(1), (batch, length, width))
+    layer = attention.nnx.MultiHeadAttention(HEADS, width, num_kv_heads=KV_HEADS, rngs=nnx.Rngs(0))
+    linen = attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=KV_HEADS)
+    params = attention.nnx.to_linen_params(layer)
+
+    @nnx.jit
+    def nnx_step(layer, x):
+        return nnx.grad(lambda m: jnp.mean(m(x, is_causal=True) ** 2))(layer)
+
+    @jax.jit
+    def linen_step(params, x):
+        return jax.grad(lambda p: jnp.mean(linen.apply({"params": p}, x, is_causal=True) ** 2))(params)
+
+    if split:
+        graphdef, state = nnx.split(layer)
+        split_step = jax.jit(lambda s, x: jax.grad(lambda s: jnp.mean(nnx.merge(graphdef, s)(x, is_causal=True) ** 2))(s))
+        return (lambda: jax.block_until_ready(split_step(state, x)),
+                lambda: jax.block_until_ready(linen_step(params, x)))
+    return (lambda: jax.block_until_ready(nnx_step(layer, x)),
+            lambda: jax.block_until_ready(linen_step(params, x)))
+
+
+def decode_pair(batch=8, length=1024, width=512):
+    """(nnx_fn, linen_fn): one jitted, cache-donated decode step each, cache index from length // 2 on (a few dozen steps)."""
+    token = jax.random.normal(jax.random.key(1), (batch, 1, width))
+    layer = attention.nnx.MultiHeadAttention(HEADS, width, num_kv_heads=KV_HEADS, decode=True, rngs=nnx.Rngs(0))
+    layer.init_cache((batch, length, width))
+    layer.cache_index[...] = jnp.full((batch,), length // 2, jnp.int32)
+    linen = attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=KV_HEADS, decode=True)
+    variables = linen.init(jax.random.key(0), jnp.ones((batch, length, width)))
+    params = attention.nnx.to_linen_params(layer)
+    state = {"cache": dict(variables["cache"], cache_index=jnp.array(length // 2, jnp.int32))}
+
+    # nnx.jit(donate_argnums=0) would donate (and delete) the parameters too: split off the cache
+    graphdef, nnx_params, cache = nnx.split(layer, nnx.Param, nnx.Cache)
+
+    def nnx_step(cache, token):
+        model = nnx.merge(graphdef, nnx_params, cache)
+        return model(token), nnx.state(model, nnx.Cache)
+
+    nnx_step = jax.jit(nnx_step, donate_argnums=0)
+    nnx_state = {"cache": cache}
+    linen_step = jax.jit(
+        lambda cache, t: linen.apply({"params": params, "cache": cache}, t, mutable=["cache"]), donate_argnums=0
+    )
+
+    def nnx_call():
+        _, nnx_state["cache"] = jax.block_until_ready(nnx_step(nnx_state["cache"], token))
+
+    def linen_call():
+        _, updated = linen_step(state["cache"], token)
+        state["cache"] = jax.block_until_ready(updated["cache"])
+
+    return nnx_call, linen_call
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    args = parser.parse_args()
+    print("| row | NNX ms | Linen (jax.jit) ms | NNX / Linen |")
+    print("|---|---:|---:|---:|")
+    rows = (
+        ("forward+backward, nnx.jit", train_pair),
+        ("forward+backward, jax.jit over nnx.split", lambda: train_pair(split=True)),
+        ("decode step, jax.jit over nnx.split", decode_pair),
+    )
+    for name, pair in rows:
+        nnx_fn, linen_fn = pair()
+        times = {"nnx": [], "linen": []}
+        for _ in range(args.rounds):  # alternate, so drift hits both
+            times["nnx"].append(median_ms(nnx_fn, args.reps, clock=args.clock))
+            times["linen"].append(median_ms(linen_fn, args.reps, clock=args.clock))
+        a, b = statistics.median(times["nnx"]), statistics.median(times["linen"])
+        print(f"| {name} | {a:.2f} | {b:.2f} | {a / b:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
