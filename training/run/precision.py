@@ -79,13 +79,13 @@ def measure() -> dict:
             "float32_s": f32, "bfloat16_s": bf16, "shape": list(shape)}
 
 
-def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] = measure) -> dict:
+def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> dict:
     """This machine's verdict: read from `cache`/CHOICES_FILE, else measured now (and kept there)."""
     key = machine_key()
     path = cache / CHOICES_FILE if cache is not None else None
     choices = _read_json(path) if path is not None else {}
     if key not in choices:
-        choices[key] = {**measure_fn(), "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        choices[key] = {**(measure_fn or measure)(), "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         logging.info("model.dtype 'auto': measured %s", choices[key])
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,12 +93,12 @@ def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] = measure)
     return {"machine": key, **choices[key]}
 
 
-def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] = measure) -> str:
+def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> str:
     """The compute dtype `model.dtype` names on this machine ('auto' -> its verdict)."""
     return setting if setting != "auto" else machine_choice(cache, measure_fn)["dtype"]
 
 
-def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Callable[[], dict] = measure) -> tuple[str, dict]:
+def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> tuple[str, dict]:
     """(the run's compute dtype, its `RUN_INFO` record). A resume keeps the dtype its run started with:
     the one `RUN_INFO` records, or the concrete one an older workdir's config.json holds."""
     recorded = _read_json(workdir / RUN_INFO).get("model.dtype")
