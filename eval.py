@@ -5,11 +5,13 @@
 """
 
 import json
+from pathlib import Path
 
 from absl import app, flags, logging
 
+from training import config as config_lib
 from training.evaluation import evaluate
-from training.run import errors
+from training.run import compile_cache, errors
 
 flags.DEFINE_string("workdir", None, "a train.py workdir")
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")
@@ -25,6 +27,9 @@ def main(argv):
     f = flags.FLAGS
     if (f.input is None) != (f.output is None):
         raise app.UsageError("--input and --output go together")
+    saved = Path(f.workdir) / "config.json"
+    if saved.exists():  # else evaluate's own check names what is missing
+        compile_cache.enable(config_lib.load_saved(saved).compilation_cache_dir)
     if f.input:
         n = evaluate.translate_file(f.workdir, f.input, f.output, f.beam_size)
         print(f"translated {n} lines of {f.input} into {f.output}")

@@ -13,8 +13,10 @@ import backends
 from models import Transformer, TransformerConfig
 from training.data import corpus
 from training.parallel import distributed, sharding
+from training.run import compile_cache, precision
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPE_SETTINGS = ("auto", *DTYPES)  # "auto": training/run/precision.py
 PARALLELISMS = ("jit", "pmap")
 # Fields added after the first workdirs were written, with the values that reproduce how those
 # runs behaved; `complete` fills them into a config read back from an older config.json.
@@ -28,6 +30,7 @@ ADDED_FIELDS = {
     "distributed.process_id": -1,
     "model.v_head_dim": None,
     "model.matmul": "auto",
+    "compilation_cache_dir": "auto",  # a cache changes no result
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
@@ -52,9 +55,14 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+def load_saved(path: Path) -> ml_collections.ConfigDict:
+    """A workdir's config.json, completed with the fields added since it was written."""
+    return complete(ml_collections.ConfigDict(json.loads(Path(path).read_text())))
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError naming the first bad field (value and what was expected)."""
-    _require("model.dtype", config.model.dtype, config.model.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+    _require("model.dtype", config.model.dtype, config.model.dtype in DTYPE_SETTINGS, f"one of {DTYPE_SETTINGS}")
     _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
     try:  # the model's own checks, reported under the config's field names
         _model_fields(config, config.data.vocab_size)
@@ -81,6 +89,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     elif config.mesh.model > 0:
         sharding.check_model_shards(config.mesh.model, config.model.num_heads, config.model.mlp_dim)
     distributed.check(config.distributed)
+    compile_cache.check_setting(config.compilation_cache_dir)
 
 
 # Sections that shape the train state or its meaning; the rest (steps, logging, eval) may change on resume.
@@ -91,8 +100,10 @@ def check_resumable(config: ml_collections.ConfigDict, saved_path: Path) -> None
     """A workdir continues only the run it holds: raise if a fixed section differs from `saved_path`."""
     if not saved_path.exists():
         return
-    saved = json.loads(complete(ml_collections.ConfigDict(json.loads(saved_path.read_text()))).to_json_best_effort())
+    saved = json.loads(load_saved(saved_path).to_json_best_effort())
     current = json.loads(config.to_json_best_effort())
+    if current["model"]["dtype"] == "auto" and saved["model"]["dtype"] in DTYPES:  # a run from before "auto" keeps its dtype
+        current["model"]["dtype"] = saved["model"]["dtype"]
     for section in RESUME_FIXED:
         if saved.get(section) != current.get(section):
             diffs = _differences(saved.get(section), current.get(section), section)
@@ -109,13 +120,17 @@ def _differences(saved, current, prefix):
     return [d for k in keys if saved.get(k) != current.get(k) for d in _differences(saved.get(k), current.get(k), f"{prefix}.{k}")]
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-    """The model config, its matmuls as `model.matmul` picks them for JAX's backend (so: after `distributed.initialize`)."""
-    dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[config.model.dtype])
-    return dataclasses.replace(_model_fields(config, vocab_size), dot_general=dot_general)
+def model_config(config: ml_collections.ConfigDict, vocab_size: int, dtype: str | None = None) -> TransformerConfig:
+    """The model config, its compute dtype and matmuls picked for JAX's backend (so: after `distributed.initialize`).
+
+    dtype: the run's resolved compute dtype (`precision.run_dtype`); None resolves `model.dtype` on this machine.
+    """
+    dtype = dtype or precision.resolve(config.model.dtype, compile_cache.cache_dir(config.compilation_cache_dir))
+    dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[dtype])
+    return dataclasses.replace(_model_fields(config, vocab_size, dtype), dot_general=dot_general)
 
 
-def _model_fields(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+def _model_fields(config: ml_collections.ConfigDict, vocab_size: int, dtype: str = "float32") -> TransformerConfig:
     """The model config with lax's matmuls; building it runs the model's checks without touching JAX's backend."""
     m = config.model
     return TransformerConfig(
@@ -123,13 +138,13 @@ def _model_fields(config: ml_collections.ConfigDict, vocab_size: int) -> Transfo
         head_dim=m.head_dim, v_head_dim=m.v_head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
         tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
-        dtype=DTYPES[m.dtype], attention_impl=m.attention_impl,
+        dtype=DTYPES[dtype], attention_impl=m.attention_impl,
     )
 
 
-def build_model(config: ml_collections.ConfigDict, vocab) -> Transformer:
-    """The model a run's config describes, sized to the vocabulary it trained (or loaded)."""
-    return Transformer(model_config(config, vocab.vocab_size()))
+def build_model(config: ml_collections.ConfigDict, vocab, dtype: str | None = None) -> Transformer:
+    """The model a run's config describes, sized to the vocabulary it trained (or loaded); dtype as `model_config`'s."""
+    return Transformer(model_config(config, vocab.vocab_size(), dtype))
 
 
 def _require(field, value, ok, expected):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import signal
@@ -21,7 +22,7 @@ from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
-from training.run import checkpoints, files, lock, step as step_lib
+from training.run import checkpoints, compile_cache, files, lock, precision, step as step_lib
 from training.run.metrics import MetricsWriter
 
 
@@ -39,9 +40,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     shared. Process 0 writes config.json, the vocabulary and the metrics; orbax writes the
     checkpoints from all of them. Nothing is written until config, data, batching, mesh and
     model have all been checked: a start that fails leaves the workdir as it was.
+
+    Compiles go through the persistent cache `config.compilation_cache_dir` names; what the run
+    compiled, and loaded from that cache instead, is logged and written with the training metrics.
     """
-    workdir = Path(workdir)
+    entered = time.monotonic()
     config_lib.validate(config)
+    cache = compile_cache.enable(config.compilation_cache_dir)  # before anything compiles
+    with compile_cache.CompileCounter() as compiles:
+        try:
+            return _train_and_evaluate(config, Path(workdir), cache, compiles, entered)
+        finally:
+            logging.info("compilation in this invocation: %s", _compile_summary(compiles.totals()))
+
+
+def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: compile_cache.CompileCounter, entered: float) -> dict:
     config_lib.check_resumable(config, workdir / "config.json")
     _check_history(workdir)
     if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
@@ -59,7 +72,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     if not vocab_path.exists() and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
         raise ValueError(f"config.data.vocab_size = {config.data.vocab_size}; expected at most {vocab.vocab_size()}, "
                          f"the pieces SentencePiece finds in {config.data.train_split!r}")
-    model = config_lib.build_model(config, vocab)
+    # Process 0 resolves model.dtype (a measurement may differ between hosts) and every process uses its answer.
+    run_info = json.loads(distributed.broadcast_bytes(
+        json.dumps(precision.run_dtype(config.model.dtype, workdir, cache)[1]).encode() if distributed.is_main() else None))
+    dtype = run_info["model.dtype"]["dtype"]
+    logging.info("compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"])
+    model = config_lib.build_model(config, vocab, dtype)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
 
     schedule = BatchSchedule(
@@ -81,6 +99,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         def write_workdir():
             if distributed.is_main():
                 files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
+                files.write_atomic(workdir / precision.RUN_INFO, json.dumps(run_info, indent=2))
                 if not vocab_path.exists():
                     files.write_atomic(vocab_path, vocab_proto)
 
@@ -98,7 +117,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
         stop = _StopFlag()
         dev_metrics: dict = {}
-        window = _Window()
+        window = _Window(compiles)
         progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
         started = time.monotonic()
         try:
@@ -112,6 +131,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 if not math.isfinite(loss):
                     raise _diverged(f"loss is {loss} at step {step}", ckpts)
                 window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+                if step == start:
+                    window.first_step_s = time.monotonic() - entered
+                    logging.info("first step done %.1fs after the start; compilation so far: %s",
+                                 window.first_step_s, _compile_summary(compiles.totals()))
                 stop.catch()
                 done = step + 1
                 out_of_time, stop_requested = distributed.agree(
@@ -194,11 +217,17 @@ def _diverged(what: str, ckpts) -> NonFiniteLoss:
     return NonFiniteLoss(f"{what}; stopping without saving: {where}")
 
 
-class _Window:
-    """Accumulates per-step timings and metrics between two log lines."""
+def _compile_summary(totals: dict) -> str:
+    return (f"{totals['compiled']} programs compiled in {totals['compile_s']:.1f}s, "
+            f"{totals['cache_loaded']} loaded from the persistent cache in {totals['cache_load_s']:.1f}s")
 
-    def __init__(self):
-        self.rows = []
+
+class _Window:
+    """Accumulates per-step timings and metrics between two log lines, and the compiles since the last one."""
+
+    def __init__(self, compiles: compile_cache.CompileCounter):
+        self.rows, self.compiles, self.first_step_s = [], compiles, None
+        self.compiled_before = compiles.totals()
 
     def add(self, data_s, step_s, tokens, padding, metrics):
         self.rows.append((data_s, step_s, tokens, padding, float(metrics["loss"]), float(metrics["nll"]), float(metrics["grad_norm"])))
@@ -212,7 +241,16 @@ class _Window:
             "grad_norm": float(grad_norm.mean()), "tokens_per_s": float(tokens.sum() / total),
             "step_time_s": float(total / len(loss)), "data_fraction": float(data_s.sum() / total),
             "padding_fraction": float(padding.mean()),
+            **self._compiled_since_last(),
         }
+
+    def _compiled_since_last(self) -> dict:
+        """XLA compiles and cache loads since the previous record; the first record also has `first_step_s`."""
+        totals, before = self.compiles.totals(), self.compiled_before
+        self.compiled_before = totals
+        since = {k: totals[k] - before[k] for k in ("compiled", "compile_s", "cache_loaded")}
+        first, self.first_step_s = self.first_step_s, None
+        return since if first is None else {**since, "first_step_s": first}
 
 
 class _StopFlag:

@@ -17,7 +17,7 @@ from training import config as config_lib
 from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import checkpoints, loop, step as step_lib
+from training.run import checkpoints, loop, precision, step as step_lib
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +40,7 @@ def tiny_config(steps=20):
     config.data.token_budget = 512
     config.data.bucket_lengths = (64,)
     config.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_len=128)
+    config.model.dtype = "float32"  # the reference the bfloat16 test compares with; 'auto' is test_precision.py's
     config.eval.bleu_examples = 8
     config.eval.max_extra_length = 5
     return config
@@ -77,6 +78,8 @@ def test_a_run_writes_config_checkpoints_and_metrics(straight_run):
     assert [r["step"] for r in train] == [5, 10, 15, 20] and [r["step"] for r in dev] == [10, 20]
     assert all({"loss", "learning_rate", "tokens_per_s", "padding_fraction", "data_fraction"} <= set(r) for r in train)
     assert all({"loss", "perplexity", "bleu"} <= set(r) for r in dev)
+    assert all({"compiled", "compile_s", "cache_loaded"} <= set(r) for r in train) and "first_step_s" in train[0]
+    assert json.loads((workdir / precision.RUN_INFO).read_text())["model.dtype"]["dtype"] == "float32"
     assert dev[-1]["perplexity"] == pytest.approx(np.exp(dev[-1]["loss"]))
     assert metrics == dev[-1]
     assert list((workdir / "tensorboard").iterdir())
@@ -85,9 +88,13 @@ def test_a_run_writes_config_checkpoints_and_metrics(straight_run):
     assert load_run(workdir).step == best_step  # eval.py prefers the best checkpoint
 
 
-def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp_path):
-    loop.train_and_evaluate(tiny_config(10), tmp_path)
-    loop.train_and_evaluate(tiny_config(20), tmp_path)  # resumes at step 10
+def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp_path, monkeypatch):
+    first, resumed = tiny_config(10), tiny_config(20)
+    first.model.dtype = resumed.model.dtype = "auto"  # resolved float32 here, then bfloat16 where it resumes:
+    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None: {"dtype": "float32"})
+    loop.train_and_evaluate(first, tmp_path)
+    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None: {"dtype": "bfloat16"})
+    loop.train_and_evaluate(resumed, tmp_path)  # resumes at step 10, in the float32 it started with
     assert_same_params(params_of(tmp_path, 20), params_of(straight_run[0], 20))
 
 

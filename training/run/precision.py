@@ -1,0 +1,117 @@
+"""`model.dtype = "auto"`: bfloat16 compute only where it measured faster on the running backend.
+
+bfloat16 pays only where the hardware multiplies it natively (GPUs, TPUs, CPUs with AVX512-BF16 or
+AMX); elsewhere XLA emulates it in float32 and it is slower. One quick matmul check decides, once
+per machine: its verdict is kept in the compilation cache directory, keyed by the device and the
+JAX version, so every run on a machine resolves "auto" the same way. A run records the dtype it
+resolved in its workdir (`RUN_INFO`) and a resumed run keeps it, wherever it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+import backends
+from backends import xla_cpu_bf16
+from training.run import files
+
+CHOICES_FILE = "headcount-dtype-choices.json"  # in the compilation cache directory: machine key -> verdict
+RUN_INFO = "run_info.json"  # in a workdir: how the run's "auto" settings resolved
+# bfloat16 must beat float32 by this factor: a tie would buy bfloat16's rounding for nothing.
+MIN_SPEEDUP = 1.2
+# The check's product, [M, K] @ [K, N] forward and backward: the default model's MLP on a 2048-token batch
+# (bigger on an accelerator, where the CPU size is all dispatch).
+CPU_SHAPE, ACCELERATOR_SHAPE = (2048, 256, 1024), (8192, 4096, 4096)
+
+
+def machine_key() -> str:
+    """What the verdict depends on: backend, device, CPU model and bfloat16 flags, JAX and jaxlib versions."""
+    device = jax.devices()[0]
+    native = "native bf16" if xla_cpu_bf16.cpu_has_native_bf16() else "no native bf16"
+    return f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def matmul_seconds(dtype, shape: tuple[int, int, int], reps: int = 5) -> float:
+    """Median seconds of a dense layer's product and its gradients in `dtype`, with the model's matmuls for it."""
+    m, k, n = shape
+    dot_general = backends.dense_dot_general("auto", jnp.dtype(dtype)) or jax.lax.dot_general
+
+    def loss(x, w):
+        y = dot_general(x.astype(dtype), w.astype(dtype), (((1,), (0,)), ((), ())))
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+    step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    x, w = jax.random.normal(jax.random.key(0), (m, k)), jax.random.normal(jax.random.key(1), (k, n))
+    jax.block_until_ready(step(x, w))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(step(x, w))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure() -> dict:
+    """float32 and bfloat16 seconds of the check on this backend, and the dtype they pick."""
+    shape = CPU_SHAPE if jax.default_backend() == "cpu" else ACCELERATOR_SHAPE
+    f32, bf16 = matmul_seconds(jnp.float32, shape), matmul_seconds(jnp.bfloat16, shape)
+    return {"dtype": "bfloat16" if f32 >= MIN_SPEEDUP * bf16 else "float32",
+            "float32_s": f32, "bfloat16_s": bf16, "shape": list(shape)}
+
+
+def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> dict:
+    """This machine's verdict: read from `cache`/CHOICES_FILE, else measured now (and kept there)."""
+    key = machine_key()
+    path = cache / CHOICES_FILE if cache is not None else None
+    choices = _read_json(path) if path is not None else {}
+    if key not in choices:
+        choices[key] = {**(measure_fn or measure)(), "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        logging.info("model.dtype 'auto': measured %s", choices[key])
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files.write_atomic(path, json.dumps({**_read_json(path), key: choices[key]}, indent=2))
+    return {"machine": key, **choices[key]}
+
+
+def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> str:
+    """The compute dtype `model.dtype` names on this machine ('auto' -> its verdict)."""
+    return setting if setting != "auto" else machine_choice(cache, measure_fn)["dtype"]
+
+
+def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> tuple[str, dict]:
+    """(the run's compute dtype, its `RUN_INFO` record). A resume keeps the dtype its run started with:
+    the one `RUN_INFO` records, or the concrete one an older workdir's config.json holds."""
+    recorded = _read_json(workdir / RUN_INFO).get("model.dtype")
+    if recorded is not None:
+        return recorded["dtype"], {"model.dtype": recorded}
+    if setting != "auto":
+        return setting, {"model.dtype": {"dtype": setting, "reason": "set in the config"}}
+    saved = _read_json(workdir / "config.json").get("model", {}).get("dtype", "auto")
+    if saved != "auto":
+        return saved, {"model.dtype": {"dtype": saved, "reason": "the workdir's config.json, written before 'auto'"}}
+    choice = machine_choice(cache, measure_fn)
+    return choice["dtype"], {"model.dtype": {**choice, "reason": f"'auto': bfloat16 only if >= {MIN_SPEEDUP}x faster in the check"}}
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
