@@ -12,7 +12,7 @@ import sentencepiece as spm
 
 from models import Transformer
 from training import config as config_lib
-from training.run import checkpoints, step as step_lib
+from training.run import checkpoints, compile_cache, precision, step as step_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,9 @@ def load_run(workdir: str | Path) -> LoadedRun:
     config = config_lib.complete(ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text())))
     config.data.bucket_lengths = tuple(config.data.bucket_lengths)
     vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
-    model = config_lib.build_model(config, vocab)
+    # the dtype the run trained in (WORKDIR/run_info.json), not this machine's 'auto' verdict
+    dtype, _ = precision.run_dtype(config.model.dtype, workdir, compile_cache.cache_dir(config.compilation_cache_dir))
+    model = config_lib.build_model(config, vocab, dtype)
     abstract = step_lib.abstract_state(model, config.optimizer)
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
     state, step = ckpts.restore_for_eval(abstract)

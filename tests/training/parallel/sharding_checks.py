@@ -29,6 +29,7 @@ VOCAB = 64
 def make_config(kv_heads, dropout, mesh=(1, 1), shard_embeddings=False, parallelism="jit"):
     config = default.get_config()
     config.data.vocab_size = VOCAB
+    config.model.dtype = "float32"  # the float32 references below, whatever 'auto' picks here
     config.model.update(d_model=32, num_heads=4, num_kv_heads=kv_heads, num_layers=1, mlp_dim=64, max_len=16,
                         dropout_rate=dropout, attention_dropout_rate=dropout)
     config.mesh.data, config.mesh.model = mesh

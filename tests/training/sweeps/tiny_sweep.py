@@ -17,6 +17,7 @@ def get_config(arg=None):
     config.checkpoint_every_steps = 2
     config.data.train_limit = 300
     config.data.vocab_size = 300
+    config.model.dtype = "float32"  # kv_cache_bytes_per_token below assumes 4-byte entries
     config.data.token_budget = 512
     config.data.bucket_lengths = (64,)
     config.model.update(d_model=16, num_layers=1, mlp_dim=32, max_len=128)
