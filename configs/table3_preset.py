@@ -19,6 +19,9 @@ def apply(config):
     config.model.d_model = D_MODEL
     config.model.mlp_dim = 1024
     config.num_train_steps = NUM_TRAIN_STEPS
+    # pinned, not 'auto': every point computes in one dtype whichever machine runs it (on CPUs
+    # without native bf16 it runs at the float32 rate; results/small_25min: 36.89 BLEU in bf16)
+    config.model.dtype = "bfloat16"
     config.optimizer.warmup_steps = 100
     config.eval_every_steps = NUM_TRAIN_STEPS  # one greedy dev evaluation, at the end (the sweep adds beam 4)
     config.checkpoint_every_steps = 50
