@@ -21,7 +21,7 @@ from jax import lax
 
 from attention.core import attend
 from attention.geometry import HeadGeometry
-from attention.masks import and_masks, as_bool_mask, check_float_like, structure_mask
+from attention.masks import and_masks, as_bool_mask, head_multiplier, structure_mask
 
 Array = Any
 
@@ -154,7 +154,7 @@ class MultiHeadAttention(nn.Module):
                          weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
 
         if head_mask is not None:
-            x = x * _head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
+            x = x * head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
         return nn.DenseGeneral(
             features=self.out_features or inputs_q.shape[-1],
             axis=(-2, -1),
@@ -356,15 +356,3 @@ def _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
             stacklevel=3,
         )
     return inputs_k, inputs_v
-
-
-def _head_multiplier(head_mask, batch, num_heads, dtype):
-    """`head_mask` broadcastable to `[batch..., H]` -> `[batch..., 1, H, 1]` multiplier."""
-    head_mask = jnp.asarray(head_mask)
-    if not jnp.issubdtype(head_mask.dtype, jnp.floating):
-        raise ValueError(f"head_mask must be a float array, got dtype {head_mask.dtype}")
-    if head_mask.ndim == 0:
-        raise ValueError(f"head_mask needs a heads axis (shape [..., {num_heads}]), got a scalar")
-    check_float_like("head_mask", head_mask, (*batch, num_heads))
-    head_mask = head_mask.reshape((1,) * (len(batch) + 1 - head_mask.ndim) + head_mask.shape)
-    return head_mask[..., None, :, None].astype(dtype)

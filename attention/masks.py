@@ -203,3 +203,15 @@ def _check_broadcast(name: str, shape: Sequence[int], target_shape: Sequence[int
         raise ValueError(
             f"{name} has shape {tuple(shape)}, which does not broadcast to {tuple(target_shape)}"
         )
+
+
+def head_multiplier(head_mask, batch, num_heads, dtype):
+    """`head_mask` broadcastable to `[batch..., H]` -> `[batch..., 1, H, 1]` multiplier."""
+    head_mask = jnp.asarray(head_mask)
+    if not jnp.issubdtype(head_mask.dtype, jnp.floating):
+        raise ValueError(f"head_mask must be a float array, got dtype {head_mask.dtype}")
+    if head_mask.ndim == 0:
+        raise ValueError(f"head_mask needs a heads axis (shape [..., {num_heads}]), got a scalar")
+    check_float_like("head_mask", head_mask, (*batch, num_heads))
+    head_mask = head_mask.reshape((1,) * (len(batch) + 1 - head_mask.ndim) + head_mask.shape)
+    return head_mask[..., None, :, None].astype(dtype)

@@ -26,8 +26,7 @@ from jax import lax
 from attention import cache
 from attention.core import IMPLS, attend
 from attention.geometry import HeadGeometry
-from attention.layer import _head_multiplier
-from attention.masks import and_masks, as_bool_mask
+from attention.masks import and_masks, as_bool_mask, head_multiplier
 
 Array = Any
 _EMPTY = MappingProxyType({})
@@ -259,7 +258,7 @@ class MultiHeadAttention(nnx.Module):
                 )
             x = self._attend(query, key, value, mask, is_causal, dropout_rng, deterministic, sow_weights)
         if head_mask is not None:
-            x = x * _head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
+            x = x * head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
         return self.out(x, out_sharding=out_sharding)
 
     def _project(self, inputs_q, inputs_k, inputs_v, sharding):
