@@ -87,7 +87,7 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     loaded = load_run(workdir)
     config, vocab, model = loaded.config, loaded.vocab, loaded.model
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
-    state, start = ckpts.restore_latest(step_lib.abstract_state(model, config.optimizer))
+    state, start = ckpts.restore_latest(step_lib.abstract_state(model, config))
     ckpts.close()
     geometry = model.config.geometry
     heads = geometry.num_heads
@@ -134,7 +134,7 @@ def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_si
         max_extra_length=run.config.eval.max_extra_length)["decode_tokens_per_s_beam1"]}
     config, vocab = run.config, run.vocab
     ckpts = checkpoints.Checkpoints(run.workdir, config.keep_checkpoints)
-    mha_state, mha_step = ckpts.restore_latest(step_lib.abstract_state(run.model, config.optimizer))
+    mha_state, mha_step = ckpts.restore_latest(step_lib.abstract_state(run.model, config))
     ckpts.close()
     heads = run.model.config.num_heads
     base = {"heads": heads, **workdir_lib.scorer(config, vocab, run.model, corpus, beam_size)(mha_state.params),

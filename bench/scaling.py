@@ -83,7 +83,7 @@ def state_bytes_per_device(state) -> int:
 def measure(config, devices, rows, length):
     """({collective: (count, bytes)}, state bytes per device) of the compiled step; the state is never computed."""
     model = Transformer(config_lib.model_config(config, config.data.vocab_size))
-    trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer), devices)
+    trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer, config.num_train_steps), devices)
     batch = synthetic_batch(rows, length, config.data.vocab_size)
     arrays = trainer.put_batch({"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights})
     if config.parallelism == "jit":
@@ -145,7 +145,7 @@ def gpu_table(args):
         config = make_config("base", 1, 1, None, False)
         config.model.update(dtype="bfloat16", attention_impl=impl, dropout_rate=0.1)
         model = Transformer(config_lib.model_config(config, config.data.vocab_size))
-        tx = step_lib.make_optimizer(config.optimizer)
+        tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
         batch = synthetic_batch(args.gpu_rows, args.length, config.data.vocab_size)
         arrays = {"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights}
         state = jax.jit(lambda r: step_lib.create_state(model, tx, r, batch))(jax.random.key(0))

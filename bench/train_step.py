@@ -53,10 +53,10 @@ def bench(size: str, dtype: str, reps: int):
     rng = np.random.default_rng(0)
     tokens = lambda: rng.integers(4, VOCAB, (rows, length), dtype=np.int32)
     batch = {"src": tokens(), "tgt_in": tokens(), "tgt_out": tokens(), "weights": np.ones((rows, length), np.float32)}
-    opt = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_steps=100, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0))
+    opt = ml_collections.ConfigDict(dict(schedule="rsqrt", learning_rate=1e-3, warmup_steps=100, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0))
     state = jax.jit(lambda: step_lib.train_state.TrainState.create(
         apply_fn=model.apply, params=model.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"],
-        tx=step_lib.make_optimizer(opt)))()
+        tx=step_lib.make_optimizer(opt, 1000)))()
     step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
     flops = step.lower(state, batch, jax.random.key(1)).compile().cost_analysis()["flops"]
     seconds = median_seconds(lambda s: step(s, batch, jax.random.key(1))[1]["loss"], (state,), reps)

@@ -53,7 +53,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.matmul = "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major for bf16 on CPUs with native bf16
 
     config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.learning_rate = 2e-3  # peak of the inverse-square-root schedule
+    config.optimizer.schedule = "rsqrt"  # 'rsqrt': Vaswani's inverse square root; 'cosine': warm-up, then cosine to 0 at num_train_steps
+    config.optimizer.learning_rate = 2e-3  # peak of the schedule
     config.optimizer.warmup_steps = 500
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.98

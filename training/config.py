@@ -14,6 +14,7 @@ from models import Transformer, TransformerConfig
 from training.data import corpus
 from training.parallel import distributed, sharding
 from training.run import compile_cache, precision
+from training.run import step as step_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 DTYPE_SETTINGS = ("auto", *DTYPES)  # "auto": training/run/precision.py
@@ -31,6 +32,7 @@ ADDED_FIELDS = {
     "model.v_head_dim": None,
     "model.matmul": "auto",
     "compilation_cache_dir": "auto",  # a cache changes no result
+    "optimizer.schedule": "rsqrt",
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
@@ -64,6 +66,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError naming the first bad field (value and what was expected)."""
     _require("model.dtype", config.model.dtype, config.model.dtype in DTYPE_SETTINGS, f"one of {DTYPE_SETTINGS}")
     _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
+    _require("optimizer.schedule", config.optimizer.schedule, config.optimizer.schedule in step_lib.SCHEDULES, f"one of {step_lib.SCHEDULES}")
     try:  # the model's own checks, reported under the config's field names
         _model_fields(config, config.data.vocab_size)
     except ValueError as error:

@@ -38,7 +38,7 @@ def load_run(workdir: str | Path) -> LoadedRun:
     # the dtype the run trained in (WORKDIR/run_info.json), not this machine's 'auto' verdict
     dtype, _ = precision.run_dtype(config.model.dtype, workdir, compile_cache.cache_dir(config.compilation_cache_dir))
     model = config_lib.build_model(config, vocab, dtype)
-    abstract = step_lib.abstract_state(model, config.optimizer)
+    abstract = step_lib.abstract_state(model, config)
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
     state, step = ckpts.restore_for_eval(abstract)
     ckpts.close()

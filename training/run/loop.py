@@ -88,7 +88,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
     dev_set = dev_batches(config, vocab, dev)
 
     rng_params, rng_dropout = jax.random.split(jax.random.key(config.seed))
-    tx = step_lib.make_optimizer(config.optimizer)
+    tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
     trainer = trainers.make_trainer(config, model, tx)
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
@@ -114,7 +114,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
 
         eval_step = dev_lib.eval_step_fn(model)
         writer = MetricsWriter(workdir, resume_step=start)
-        learning_rate = step_lib.learning_rate_schedule(config.optimizer.learning_rate, config.optimizer.warmup_steps)
+        learning_rate = step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps)
         stop = _StopFlag()
         dev_metrics: dict = {}
         window = _Window(compiles)

@@ -11,8 +11,21 @@ from jax import lax
 from flax.training import train_state
 
 
-def learning_rate_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
-    """peak * min(step / warmup, sqrt(warmup / step)): Vaswani's schedule with peak = (d_model * warmup)^-0.5."""
+SCHEDULES = ("rsqrt", "cosine")
+
+
+def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:
+    """The learning rate per step, from `opt` (config.optimizer) and the run's `total_steps`.
+
+    'rsqrt': peak * min(step / warmup, sqrt(warmup / step)), Vaswani's schedule with peak = (d_model * warmup)^-0.5.
+    'cosine': linear warm-up to the peak, then a cosine decay that reaches 0 at `total_steps`, so a
+    run of a fixed length ends annealed (the Table 3 preset's choice: its models end at their plateau).
+    """
+    if opt.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, opt.learning_rate, opt.warmup_steps, max(total_steps, opt.warmup_steps + 1))
+    if opt.schedule != "rsqrt":
+        raise ValueError(f"config.optimizer.schedule = {opt.schedule!r}; expected one of {SCHEDULES}")
+    peak, warmup_steps = opt.learning_rate, opt.warmup_steps
 
     def schedule(count):
         step = jnp.maximum(count + 1, 1).astype(jnp.float32)
@@ -21,8 +34,9 @@ def learning_rate_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
     return schedule
 
 
-def make_optimizer(opt) -> optax.GradientTransformation:
-    adam = optax.adam(learning_rate_schedule(opt.learning_rate, opt.warmup_steps), b1=opt.b1, b2=opt.b2, eps=opt.eps)
+def make_optimizer(opt, total_steps: int) -> optax.GradientTransformation:
+    """Adam on `learning_rate_schedule(opt, total_steps)`, after global-norm clipping unless opt.grad_clip_norm is 0."""
+    adam = optax.adam(learning_rate_schedule(opt, total_steps), b1=opt.b1, b2=opt.b2, eps=opt.eps)
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam) if opt.grad_clip_norm else adam
 
 
@@ -31,12 +45,12 @@ def create_state(model, tx, rng, batch) -> train_state.TrainState:
     return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
-def abstract_state(model, optimizer_config) -> train_state.TrainState:
+def abstract_state(model, config) -> train_state.TrainState:
     """Shapes and dtypes of the train state (nothing computed): the target of a checkpoint restore."""
     tokens = jnp.ones((1, 2), jnp.int32)
     return jax.eval_shape(lambda: train_state.TrainState.create(
         apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
-        tx=make_optimizer(optimizer_config)))
+        tx=make_optimizer(config.optimizer, config.num_train_steps)))
 
 
 def parameter_count(params) -> int:

@@ -61,7 +61,7 @@ def as_dict(batch):
 
 
 def optimizer(config):
-    return optax.chain(optax.trace(decay=0.0), step_lib.make_optimizer(config.optimizer))
+    return optax.chain(optax.trace(decay=0.0), step_lib.make_optimizer(config.optimizer, config.num_train_steps))
 
 
 def run(config, trainer=None, steps=STEPS):

@@ -49,7 +49,7 @@ def tiny_config(steps=20):
 def params_of(workdir, step):
     config = tiny_config()
     model = load_run(workdir).model
-    abstract = step_lib.abstract_state(model, config.optimizer)
+    abstract = step_lib.abstract_state(model, config)
     ckpts = checkpoints.Checkpoints(workdir, 3)
     state = ckpts.latest.restore(step, args=checkpoints.ocp.args.StandardRestore(abstract))
     ckpts.close()
