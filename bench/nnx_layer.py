@@ -4,8 +4,10 @@
     taskset -c 1 python -m bench.nnx_layer --rounds 5 --reps 10
 
 Rows: forward+backward of the layer (batch 4, length 256, d_model 256, 8 heads, 2 KV heads,
-causal) under `nnx.jit`, and again under `jax.jit` over `nnx.split`'s state (the layer without
-`nnx.jit`'s per-call graph handling), and one decode step (batch 8, d_model 512, 8 heads, 2 KV heads, cache 1024 about half full,
+causal) under `nnx.jit` in its three calling modes (graph mode, the default; tree mode,
+`nnx.jit(graph=False)`; graph mode through `nnx.cached_partial`, which caches the graph traversal),
+and under `jax.jit` over `nnx.split`'s state (the layer without any per-call graph handling); and
+one decode step (batch 8, d_model 512, 8 heads, 2 KV heads, cache 1024 about half full,
 one new token per sequence, cache donated: the NNX step is `jax.jit` over `nnx.split`/`nnx.merge`
 with the `nnx.Cache` state donated, since `nnx.jit(donate_argnums=...)` would donate the
 parameters too). Both layers are built on `attention.attend`; the
@@ -29,18 +31,21 @@ from bench.timing import CLOCKS, median_ms
 HEADS, KV_HEADS = 8, 2
 
 
-def train_pair(batch=4, length=256, width=256, split=False):
+TRAIN_MODES = ("graph", "tree", "cached", "split")
+
+
+def train_pair(batch=4, length=256, width=256, mode="graph"):
     """(nnx_fn, linen_fn): one jitted forward+backward each, on the same parameters and input.
 
-    `split`: the NNX side is `jax.jit` over `nnx.split`'s state and `nnx.merge` instead of
-    `nnx.jit`, to separate the layer's cost from `nnx.jit`'s.
+    `mode` (TRAIN_MODES) is how the NNX side is jitted: `nnx.jit` in graph mode, in tree mode
+    (`graph=False`), through `nnx.cached_partial`, or `jax.jit` over `nnx.split`'s state and
+    `nnx.merge` ('split'), which separates the layer's cost from `nnx.jit`'s.
     """
     x = jax.random.normal(jax.random.key(1), (batch, length, width))
     layer = attention.nnx.MultiHeadAttention(HEADS, width, num_kv_heads=KV_HEADS, rngs=nnx.Rngs(0))
     linen = attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=KV_HEADS)
     params = attention.nnx.to_linen_params(layer)
 
-    @nnx.jit
     def nnx_step(layer, x):
         return nnx.grad(lambda m: jnp.mean(m(x, is_causal=True) ** 2))(layer)
 
@@ -48,17 +53,24 @@ def train_pair(batch=4, length=256, width=256, split=False):
     def linen_step(params, x):
         return jax.grad(lambda p: jnp.mean(linen.apply({"params": p}, x, is_causal=True) ** 2))(params)
 
-    if split:
+    linen_fn = lambda: jax.block_until_ready(linen_step(params, x))
+    if mode == "split":
         graphdef, state = nnx.split(layer)
         split_step = jax.jit(lambda s, x: jax.grad(lambda s: jnp.mean(nnx.merge(graphdef, s)(x, is_causal=True) ** 2))(s))
-        return (lambda: jax.block_until_ready(split_step(state, x)),
-                lambda: jax.block_until_ready(linen_step(params, x)))
-    return (lambda: jax.block_until_ready(nnx_step(layer, x)),
-            lambda: jax.block_until_ready(linen_step(params, x)))
+        return lambda: jax.block_until_ready(split_step(state, x)), linen_fn
+    if mode == "cached":
+        cached_step = nnx.cached_partial(nnx.jit(nnx_step), layer)
+        return lambda: jax.block_until_ready(cached_step(x)), linen_fn
+    jitted = nnx.jit(nnx_step, graph=mode == "graph")
+    return lambda: jax.block_until_ready(jitted(layer, x)), linen_fn
 
 
-def decode_pair(batch=8, length=1024, width=512):
-    """(nnx_fn, linen_fn): one jitted, cache-donated decode step each, cache index from length // 2 on (a few dozen steps)."""
+def decode_pair(batch=8, length=1024, width=512, pure=False):
+    """(nnx_fn, linen_fn): one jitted, cache-donated decode step each, cache index from length // 2 on (a few dozen steps).
+
+    `pure`: the NNX cache crosses the jit boundary as a plain dict (`nnx.to_pure_dict`) instead
+    of an `nnx.State`, whose per-call flattening costs tens of microseconds on a ~1 ms step.
+    """
     token = jax.random.normal(jax.random.key(1), (batch, 1, width))
     layer = attention.nnx.MultiHeadAttention(HEADS, width, num_kv_heads=KV_HEADS, decode=True, rngs=nnx.Rngs(0))
     layer.init_cache((batch, length, width))
@@ -71,12 +83,17 @@ def decode_pair(batch=8, length=1024, width=512):
     # nnx.jit(donate_argnums=0) would donate (and delete) the parameters too: split off the cache
     graphdef, nnx_params, cache = nnx.split(layer, nnx.Param, nnx.Cache)
 
-    def nnx_step(cache, token):
-        model = nnx.merge(graphdef, nnx_params, cache)
-        return model(token), nnx.state(model, nnx.Cache)
+    def nnx_step(cache_in, token):
+        if pure:  # every leaf of the template copy is replaced: none is captured as a constant
+            template = jax.tree.map(lambda x: x, cache)
+            nnx.replace_by_pure_dict(template, cache_in)
+            cache_in = template
+        model = nnx.merge(graphdef, nnx_params, cache_in)
+        cache_out = nnx.state(model, nnx.Cache)
+        return model(token), nnx.to_pure_dict(cache_out) if pure else cache_out
 
     nnx_step = jax.jit(nnx_step, donate_argnums=0)
-    nnx_state = {"cache": cache}
+    nnx_state = {"cache": nnx.to_pure_dict(cache) if pure else cache}
     linen_step = jax.jit(
         lambda cache, t: linen.apply({"params": params, "cache": cache}, t, mutable=["cache"]), donate_argnums=0
     )
@@ -100,9 +117,12 @@ def main():
     print("| row | NNX ms | Linen (jax.jit) ms | NNX / Linen |")
     print("|---|---:|---:|---:|")
     rows = (
-        ("forward+backward, nnx.jit", train_pair),
-        ("forward+backward, jax.jit over nnx.split", lambda: train_pair(split=True)),
-        ("decode step, jax.jit over nnx.split", decode_pair),
+        ("forward+backward, nnx.jit (graph mode, the default)", lambda: train_pair(mode="graph")),
+        ("forward+backward, nnx.jit(graph=False) (tree mode)", lambda: train_pair(mode="tree")),
+        ("forward+backward, nnx.cached_partial(nnx.jit(...), layer)", lambda: train_pair(mode="cached")),
+        ("forward+backward, jax.jit over nnx.split", lambda: train_pair(mode="split")),
+        ("decode step, jax.jit over nnx.split, cache as nnx.State", decode_pair),
+        ("decode step, jax.jit over nnx.split, cache as a pure dict", lambda: decode_pair(pure=True)),
     )
     for name, pair in rows:
         nnx_fn, linen_fn = pair()
