@@ -147,13 +147,14 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) 
     if owner is not None:
         logging.warning("%s is being run by process %s; leaving it to that one", run_dir, owner)
         return None
+    commit = store.git_commit()  # the code this process loaded, not whatever is checked out when it ends
     try:
         vocabulary = shared_vocabulary(config, out)
         if not (run_dir / "spm.model").exists():
             files.write_atomic(run_dir / "spm.model", vocabulary.read_bytes())
         _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
         result = {"point": point.arg, "value": point.value, "seed": point.seed,
-                  **measure(run_dir, module.SWEEP_TEST_SPLIT), **store.git_commit()}
+                  **measure(run_dir, module.SWEEP_TEST_SPLIT), **commit}
         if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():
             references = load_corpus(config, module.SWEEP_TEST_SPLIT).tgt
             files.write_atomic(store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references))
