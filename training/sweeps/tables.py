@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 from pathlib import Path
@@ -12,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from training.sweeps import significance, store  # noqa: E402
+from training.sweeps import curves, significance, store  # noqa: E402
 
 # Vaswani et al. 2017, Table 3 rows (A): WMT14 en-de newstest2013, Transformer-base, 100k steps.
 PAPER_HEADS = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}
@@ -59,9 +60,14 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     rows = aggregate(results, significance.seed_pair_p_values(sweep_dir, spec, results))
     stem = results_dir / spec["name"]
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".png")]
-    paths[0].write_text(markdown(rows, spec))
+    split = json.loads((store.point_path(sweep_dir, spec["key"], results[0]["value"], results[0]["seed"]) / "config.json").read_text())["data"]["eval_split"]
+    run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
+    paths[0].write_text(markdown(rows, spec) + curves_markdown(run_curves, spec))
     write_csv(rows, paths[1])
     plot(rows, spec["key"], paths[2])
+    if any(curve for _, curve in run_curves):
+        paths.append(stem.parent / f"{spec['name']}_curves.png")
+        plot_curves(run_curves, spec["key"], paths[-1])
     return paths
 
 
@@ -108,6 +114,55 @@ def markdown(rows: list[dict], spec: dict) -> str:
     note = (f"\nMean ± sample sd over seeds. p: sacreBLEU's paired bootstrap ({significance.RESAMPLES} resamples) of test "
             f"BLEU, seed k of the point against seed k of {key}={reference}, one p per seed pair.\n")
     return "\n".join(lines) + "\n" + note
+
+
+def curves_markdown(run_curves: list[tuple[int, curves.Curve]], spec: dict) -> str:
+    """The dev-curve section: final dev loss, the last 20 % of steps' perplexity gain, steps to a common dev loss."""
+    run_curves = [(value, curve) for value, curve in run_curves if len(curve) >= 2]
+    if not run_curves:
+        return ""
+    key, reference = spec["key"], spec["reference"]
+    target = max(curve[-1][1] for _, curve in run_curves)  # the worst run's final loss: every run reaches it
+    per_value: dict[int, dict[str, list]] = {}
+    for value, curve in run_curves:
+        entry = per_value.setdefault(value, {"final": [], "tail": [], "steps": []})
+        entry["final"].append(curve[-1][1])
+        entry["tail"].append(curves.tail_improvement(curve))
+        entry["steps"].append(curves.steps_to_loss(curve, target))
+    mean = statistics.fmean
+    spread = lambda xs: f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
+    reference_steps = mean(per_value[reference]["steps"]) if reference in per_value else None
+    first = run_curves[0][1]
+    lines = [f"\n## Dev curves (evaluated every {first[1][0] - first[0][0]} steps)\n",
+             f"| {key} | final dev loss | dev PPL gain over the last 20 % of steps | steps to dev loss {target:.3f} | "
+             f"÷ {key}={reference}'s | runs |", "|---|---:|---:|---:|---:|---:|"]
+    for value, entry in per_value.items():
+        steps = mean(entry["steps"])
+        ratio = f"{steps / reference_steps:.2f}" if reference_steps else "–"
+        lines.append(f"| {value} | {mean(entry['final']):.3f}{spread(entry['final'])} | "
+                     f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']])} | "
+                     f"{steps:,.0f}{spread(entry['steps'])} | {ratio} | {len(entry['final'])} |")
+    lines.append(f"\nDev loss is the NLL per target token. Steps to {target:.3f} (the highest final dev loss of any run, "
+                 "so every run reaches it) are interpolated linearly between evaluations; mean ± sd over seeds.\n")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(run_curves: list[tuple[int, curves.Curve]], key: str, path: Path) -> None:
+    """Dev loss against step, one line per run, one colour per swept value."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colours = {value: f"C{i}" for i, value in enumerate(dict.fromkeys(v for v, _ in run_curves))}
+    labelled = set()
+    for value, curve in run_curves:
+        if curve:
+            ax.plot([c[0] for c in curve], [c[1] for c in curve], "-", color=colours[value], alpha=0.8,
+                    label=None if value in labelled else f"{key} = {value}")
+            labelled.add(value)
+    ax.set(xlabel="training step", ylabel="dev loss (NLL per token)", yscale="log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
