@@ -38,6 +38,10 @@ def main(argv=None):
     sub.add_argument("--kinds", default=",".join(heads.MODULES), help="attention kinds whose heads are pruned")
     sub.add_argument("--steps", type=int, default=10, help="pruning steps (10: 10 %% of the heads each)")
     sub.add_argument("--seed", type=int, default=0, help="the random order's seed")
+    sub.add_argument("--test_split", default="", help="also score --test_fraction pruned against unpruned on this split, "
+                     "beam 4, with sacreBLEU's paired bootstrap (e.g. test_2016_flickr; '' skips)")
+    sub.add_argument("--test_fraction", type=float, default=0.5, help="the fraction of heads pruned for --test_split")
+    sub.add_argument("--test_examples", type=int, default=0, help="first N sentences of --test_split (0: all)")
     sub = command("uptrain", "MHA -> GQA/MQA conversion and uptraining, before/after table", 500)
     sub.add_argument("--num_kv_heads", type=int, required=True)
     sub.add_argument("--fraction", type=float, default=0.05, help="uptraining steps as a fraction of the checkpoint's steps")
@@ -81,6 +85,12 @@ def main(argv=None):
         print(pruning.plot(rows, out / f"{stem}.png", title))
         for r in rows:
             print(f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}")
+        if args.test_split:
+            held_out = pruning.held_out_test(run, normalised, kinds, workdir.dev_subset(run.config, args.test_split, args.test_examples),
+                                             fraction=args.test_fraction, seed=args.seed)
+            name = f"{stem}_{args.test_split}_{round(100 * args.test_fraction)}pct"
+            tables.write(held_out, pruning.HELD_OUT_FIELDS, out / f"{name}.csv", out / f"{name}.md")
+            print((out / f"{name}.md").read_text())
     elif args.command == "uptrain":
         rows = uptrain.compare(
             run, workdir.dev_subset(run.config, args.split, args.examples), args.num_kv_heads,

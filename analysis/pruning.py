@@ -13,6 +13,8 @@ import numpy as np
 
 from analysis import heads, tables
 from analysis.plotting import plt, save
+from training.evaluation import translate
+from training.sweeps import significance
 
 ORDERS = ("importance", "random", "reverse")
 
@@ -56,6 +58,37 @@ def prune_curves(run, score, importance, kinds, *, steps: int = 10, seed: int = 
                 "heads": " ".join(f"{k}:{i}.{h}" for k, i, h in sequence[:count]),
             })
     return rows
+
+
+def held_out_test(run, importance, kinds, corpus, *, fraction: float = 0.5, beam_size: int = 4, seed: int = 0) -> list[dict]:
+    """The unpruned model against `fraction` of the heads of `kinds` pruned in importance and in random
+    order, on `corpus` (held out from the importance sentences): rows {model, pruned, of, bleu,
+    delta, p}, p = sacreBLEU's paired bootstrap of the pruned model's BLEU against the unpruned one's."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    src_ids = run.vocab.encode(list(corpus.src))
+    config = run.config
+
+    def hypotheses(params) -> list[str]:
+        return run.vocab.decode(translate.translate(
+            run.model, params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
+            max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths))
+
+    full = hypotheses(run.params)
+    full_bleu = translate.corpus_bleu(full, corpus.tgt)[0]
+    rows = [{"model": "unpruned", "pruned": 0, "of": 0, "bleu": full_bleu, "delta": 0.0, "p": float("nan")}]
+    for order in ("importance", "random"):
+        sequence = removal_order(importance, order, kinds, seed)
+        count = int(round(fraction * len(sequence)))
+        pruned = hypotheses(heads.zero_heads(run.params, heads.mask_without(run.model.config, tuple(sorted(sequence[:count])))))
+        bleu = translate.corpus_bleu(pruned, corpus.tgt)[0]
+        rows.append({"model": f"{order} order", "pruned": count, "of": len(sequence), "bleu": bleu,
+                     "delta": bleu - full_bleu, "p": significance.paired_bootstrap(full, pruned, corpus.tgt)})
+        logging.info("held-out test, %d of %d heads pruned in %s order: %s", count, len(sequence), order, rows[-1])
+    return rows
+
+
+HELD_OUT_FIELDS = ["model", "pruned", "of", "bleu", "delta", "p"]
 
 
 def write_csv(rows, path: Path) -> Path:

@@ -59,7 +59,7 @@ def test_maps_roles_importance(workdir, capsys):
 
 def test_prune(workdir):
     analyze.main(["prune", "--workdir", str(workdir), "--examples", "8", "--eval_examples", "8", "--steps", "2",
-                  "--kinds", "encoder_self,decoder_cross"])
+                  "--kinds", "encoder_self,decoder_cross", "--test_split", "test_2016_flickr", "--test_examples", "6"])
     table = rows(workdir / "analysis" / "pruning_encoder_self-decoder_cross.csv")  # named by --kinds
     assert [(r["order"], r["pruned"]) for r in table] == [(o, str(n)) for o in ("importance", "random", "reverse") for n in (0, 4, 8)]
     first = [r for r in table if r["pruned"] == "0"]
@@ -67,6 +67,12 @@ def test_prune(workdir):
     everything = [r for r in table if r["pruned"] == "8"]  # all pruned: the same set, in three orders
     assert len({frozenset(r["heads"].split()) for r in everything}) == 1 and len({r["bleu"] for r in everything}) == 1
     assert (workdir / "analysis" / "pruning_encoder_self-decoder_cross.png").exists()
+    held_out = rows(workdir / "analysis" / "pruning_encoder_self-decoder_cross_test_2016_flickr_50pct.csv")
+    assert [(r["model"], r["pruned"], r["of"]) for r in held_out] == [("unpruned", "0", "0"), ("importance order", "4", "8"),
+                                                                       ("random order", "4", "8")]
+    for r in held_out[1:]:
+        assert float(r["delta"]) == pytest.approx(float(r["bleu"]) - float(held_out[0]["bleu"]), abs=1e-3)
+        assert 0 <= float(r["p"]) <= 1
 
 
 def test_uptrain(workdir):
