@@ -17,6 +17,17 @@ from training.sweeps import curves, significance, store  # noqa: E402
 
 # Vaswani et al. 2017, Table 3 rows (A): WMT14 en-de newstest2013, Transformer-base, 100k steps.
 PAPER_HEADS = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}
+# Rows (B), h = 8 and d_v = 64, by d_k / d_v (16, 32, and the base model's 64): (dev PPL, dev BLEU).
+PAPER_DK_RATIO = {0.25: (5.16, 25.1), 0.5: (5.01, 25.4), 1.0: (4.92, 25.8)}
+
+
+def paper_numbers(key: str, row: dict) -> tuple[float, float] | None:
+    """The paper's (dev PPL, dev BLEU) for a row of the h or dk sweep (dk: matched by d_k / d_v), else None."""
+    if key == "h":
+        return PAPER_HEADS.get(row["value"])
+    if key == "dk":
+        return PAPER_DK_RATIO.get(row["head_dim"] / row["v_head_dim"])
+    return None
 
 # (column title, result field, format); fields in SPREAD_FIELDS read "mean ± sd" over seeds.
 SCORES = [("dev PPL", "dev_perplexity", "{:.2f}"), ("dev BLEU", "dev_bleu", "{:.2f}"),
@@ -93,7 +104,7 @@ def aggregate(results: list[dict], p_values: dict[int, list[float]] | None = Non
 def markdown(rows: list[dict], spec: dict) -> str:
     key, reference = spec["key"], spec["reference"]
     columns = [c for c in COLUMNS.get(key, HEADS) if any(c[1] in row or f"{c[1]}_mean" in row for row in rows)]
-    paper = key == "h"
+    paper = key in ("h", "dk")
     p_title = f"test BLEU p vs {key}={reference} (paired bootstrap, per seed pair)"
     titles = [t for t, _, _ in columns] + (["paper dev PPL", "paper dev BLEU"] if paper else []) + [p_title, "seeds", "commits"]
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
@@ -106,7 +117,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
             else:
                 cells.append(fmt.format(row[field + "_mean"] if f"{field}_mean" in row else row[field]))
         if paper:
-            cells += [f"{x}" for x in PAPER_HEADS.get(row["value"], ("–", "–"))]
+            cells += [f"{x}" for x in paper_numbers(key, row) or ("–", "–")]
         cells.append("reference" if row["value"] == reference else " / ".join(f"{p:.3f}" for p in row.get("p_values", [])) or "–")
         cells.append(str(row["seeds"]))
         cells.append(row["commits"])

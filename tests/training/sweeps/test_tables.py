@@ -1,0 +1,13 @@
+"""The paper's Table 3 numbers beside each row (Vaswani et al. 2017, rows A and B, newstest2013)."""
+
+from training.sweeps import tables
+
+
+def test_paper_numbers_match_rows_by_head_count_and_by_dk_over_dv():
+    assert tables.paper_numbers("h", {"value": 16}) == (4.91, 25.8)
+    assert tables.paper_numbers("h", {"value": 2}) is None  # not in the paper
+    # rows B at d_v = 64: d_k = 16 and 32; this codebase's d_v = 32 matches them at d_k = 8 and 16
+    assert tables.paper_numbers("dk", {"value": 8, "head_dim": 8, "v_head_dim": 32}) == (5.16, 25.1)
+    assert tables.paper_numbers("dk", {"value": 16, "head_dim": 16, "v_head_dim": 32}) == (5.01, 25.4)
+    assert tables.paper_numbers("dk", {"value": 32, "head_dim": 32, "v_head_dim": 32}) == (4.92, 25.8)
+    assert tables.paper_numbers("kv", {"value": 2}) is None
