@@ -119,9 +119,11 @@ class MultiHeadAttention(nn.Module):
         """
         inputs_k, inputs_v = _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
         geometry = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q)
+        options = family.check_options(self.attention_type, self.attention_options)  # checks the name too
         spec = family.member(self.attention_type)
         if spec is not None:
-            x = self._family_attention(spec, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights)
+            x = self._family_attention(spec, options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal,
+                                       sow_weights)
             return self._output(x, head_mask, inputs_q)
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
         if self.normalize_qk:
@@ -185,10 +187,9 @@ class MultiHeadAttention(nn.Module):
             name="out",
         )(x)
 
-    def _family_attention(self, spec, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights):
+    def _family_attention(self, spec, options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
         name = self.attention_type
-        options = family.check_options(name, self.attention_options)
         is_self = inputs_k is inputs_q and inputs_v is inputs_q
         causal = is_causal or self.decode
         problems = [
