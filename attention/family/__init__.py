@@ -17,6 +17,7 @@ module, `options_of`). "softmax" is the layer's own exact attention (every `impl
 
 from __future__ import annotations
 
+from attention.family.bigbird import BigBird
 from attention.family.entmax import Entmax
 from attention.family.linformer import Linformer
 from attention.family.member import Member, key_padding, options_of
@@ -26,6 +27,7 @@ from attention.family.span import Span
 
 ATTENTION_TYPES = {
     "softmax": None,  # the layer's exact attention
+    "bigbird": Member(BigBird, causal=True, cross=False, decode=None, masks="any"),
     "linformer": Member(Linformer, causal=False, cross=True, decode=None, masks="keys"),
     "performer": Member(Performer, causal=True, cross=True, decode="state", masks="keys"),
     "entmax": Member(Entmax, causal=True, cross=True, decode="kv_cache", masks="any"),
