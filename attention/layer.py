@@ -223,7 +223,7 @@ class MultiHeadAttention(nn.Module):
                 mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, Lk)), batch)
             x = module(flat(inputs_q), flat(inputs_k), mask=mask, is_causal=causal)
             return x.reshape(*batch, *x.shape[1:])
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
+        query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry, shared_qk=spec.shared_qk)
         if self.normalize_qk:
             query, key = self._normalize_qk(query, key)
         offset = 0
@@ -260,8 +260,8 @@ class MultiHeadAttention(nn.Module):
             )
         return geometry
 
-    def _project(self, inputs_q, inputs_k, inputs_v, geometry):
-        """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk], v [batch..., Lk, G, Dv]."""
+    def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):
+        """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk], v [batch..., Lk, G, Dv]; k is q when `shared_qk`."""
         dense = functools.partial(
             nn.DenseGeneral,
             axis=-1,
@@ -278,9 +278,10 @@ class MultiHeadAttention(nn.Module):
         if self.fused_qkv:
             qkv = dense(features=(H + 2 * G, d_k), name="qkv")(inputs_q)
             return jnp.split(qkv, [H, H + G], axis=-2)
+        query = dense(features=(H, d_k), name="query")(inputs_q)
         return (
-            dense(features=(H, d_k), name="query")(inputs_q),
-            dense(features=(G, d_k), name="key")(inputs_k),
+            query,
+            query if shared_qk else dense(features=(G, d_k), name="key")(inputs_k),
             dense(features=(G, geometry.v_head_dim), name="value")(inputs_v),
         )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from attention.family.bigbird import BigBird
 from attention.family.entmax import Entmax
 from attention.family.linformer import Linformer
+from attention.family.lsh import LSH
 from attention.family.member import Member, key_padding, options_of
 from attention.family.mla import MLA
 from attention.family.performer import Performer
@@ -28,6 +29,7 @@ from attention.family.span import Span
 ATTENTION_TYPES = {
     "softmax": None,  # the layer's exact attention
     "bigbird": Member(BigBird, causal=True, cross=False, decode=None, masks="any"),
+    "lsh": Member(LSH, causal=True, cross=False, decode=None, masks="keys", grouped=False, shared_qk=True),
     "linformer": Member(Linformer, causal=False, cross=True, decode=None, masks="keys"),
     "performer": Member(Performer, causal=True, cross=True, decode="state", masks="keys"),
     "entmax": Member(Entmax, causal=True, cross=True, decode="kv_cache", masks="any"),
