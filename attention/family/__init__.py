@@ -28,13 +28,13 @@ from attention.family.span import Span
 
 ATTENTION_TYPES = {
     "softmax": None,  # the layer's exact attention
-    "bigbird": Member(BigBird, causal=True, cross=False, decode=None, masks="any"),
-    "lsh": Member(LSH, causal=True, cross=False, decode=None, masks="keys", grouped=False, shared_qk=True),
-    "linformer": Member(Linformer, causal=False, cross=True, decode=None, masks="keys"),
-    "performer": Member(Performer, causal=True, cross=True, decode="state", masks="keys"),
-    "entmax": Member(Entmax, causal=True, cross=True, decode="kv_cache", masks="any"),
-    "span": Member(Span, causal=True, cross=False, decode="kv_cache", masks="any"),
-    "mla": Member(MLA, causal=True, cross=True, decode="state", masks="any", grouped=False, projects=True),
+    "bigbird": Member(BigBird, causal=True, cross=False, decode=None),
+    "lsh": Member(LSH, causal=True, cross=False, decode=None, grouped=False, shared_qk=True),
+    "linformer": Member(Linformer, causal=False, cross=True, decode=None),
+    "performer": Member(Performer, causal=True, cross=True, decode="state"),
+    "entmax": Member(Entmax, causal=True, cross=True, decode="kv_cache"),
+    "span": Member(Span, causal=True, cross=False, decode="kv_cache"),
+    "mla": Member(MLA, causal=True, cross=True, decode="state", grouped=False, projects=True),
 }
 
 

@@ -28,7 +28,6 @@ class Member(NamedTuple):
     causal: bool  # honours is_causal
     cross: bool  # keys may come from another sequence than the queries
     decode: str | None  # "kv_cache": over the layer's cache; "state": its own; None: no decoding
-    masks: str  # "any": any mask; "keys": key-padding masks [batch..., 1, 1, Lk] only
     grouped: bool = True  # num_kv_heads < num_heads (GQA/MQA) is meaningful
     projects: bool = False  # makes q/k/v itself from the inputs (the layer's projections unused)
     shared_qk: bool = False  # keys are the queries (no key projection)

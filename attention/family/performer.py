@@ -105,7 +105,6 @@ class Performer(nn.Module):
     decode: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
