@@ -81,4 +81,7 @@ def cache_elements_per_token(attention_type: str, geometry, options=None) -> int
     return 0 if spec.decode == "state" else None
 
 
-__all__ = ["ATTENTION_TYPES", "cache_elements_per_token", "Member", "check_options", "key_padding", "member", "options_of", "supports"]
+__all__ = [
+    "ATTENTION_TYPES", "Member", "cache_elements_per_token", "check_options", "key_padding", "member",
+    "options_of", "supports",
+]

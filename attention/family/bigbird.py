@@ -65,12 +65,12 @@ class BigBird(nn.Module):
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
         """query `[B, L, H, d_k]`, key/value `[B, L, G, d]`, mask `[B|1, H|1, L|1, L|1]` -> `[B, L, H, d_v]`."""
         for name in ("block_size", "window_blocks", "global_blocks", "random_blocks", "seed"):
-            value_ = getattr(self, name)
-            if not isinstance(value_, int) or value_ < (1 if name == "block_size" else 0):
-                raise ValueError(f"bigbird {name} = {value_!r}; expected a {'positive' if name == 'block_size' else 'non-negative'} int")
+            value_, least = getattr(self, name), 1 if name == "block_size" else 0
+            if not isinstance(value_, int) or value_ < least:
+                raise ValueError(f"bigbird {name} = {value_!r}; expected an int >= {least}")
         L = query.shape[1]
         if key.shape[1] != L:
-            raise ValueError(f"bigbird is self-attention: queries and keys must have one length, got {L} and {key.shape[1]}")
+            raise ValueError(f"bigbird is self-attention: queries and keys need one length, got {L} and {key.shape[1]}")
         block = min(self.block_size, L)
         pairs = block_pairs(-(-L // block), self.window_blocks, self.global_blocks, self.random_blocks, self.seed,
                             is_causal)
