@@ -9,18 +9,21 @@ Flax's class name, so that an unnamed submodule keeps Flax's automatic parameter
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 from jax import lax
 
+from attention import family
 from attention.core import attend
 from attention.geometry import HeadGeometry
+from attention.grouped import flatten_batch
 from attention.masks import and_masks, as_bool_mask, head_multiplier, structure_mask
 
 Array = Any
@@ -39,6 +42,10 @@ class MultiHeadAttention(nn.Module):
       fused_qkv: project q, k and v with one `[D, H + 2G, Dk]` GEMM (`qkv` parameter);
         self-attention only.
       out_kernel_init: init of W^O, e.g. scaled down with depth (GPT-2 style).
+      attention_type: "softmax" (this layer's exact attention, every `impl`) or a member of
+        `attention.family.ATTENTION_TYPES`, whose parameters live under its name; the layer
+        keeps its projections and W^O (MLA makes its own q/k/v). `attention_options`: the
+        member's hyper-parameters (`attention.family.options_of`).
 
     `attention_fn`, when given, is called Flax-style (`attention_fn(q, k, v, mask=...,
     ...)`) in place of `impl`; `qk_attn_weights_einsum_cls` and
@@ -84,6 +91,8 @@ class MultiHeadAttention(nn.Module):
     fused_qkv: bool = False
     block_sizes: tuple[int, int] | None = None
     v_head_dim: int | None = None
+    attention_type: str = "softmax"
+    attention_options: Mapping[str, Any] | None = None
 
     @nn.compact
     def __call__(
@@ -110,13 +119,15 @@ class MultiHeadAttention(nn.Module):
         """
         inputs_k, inputs_v = _resolve_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
         geometry = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q)
+        options = family.check_options(self.attention_type, self.attention_options)  # checks the name too
+        spec = family.member(self.attention_type)
+        if spec is not None:
+            x = self._family_attention(spec, options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal,
+                                       sow_weights)
+            return self._output(x, head_mask, inputs_q)
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
         if self.normalize_qk:
-            layer_norm = functools.partial(
-                nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype
-            )
-            query = layer_norm(name="query_ln")(query)
-            key = layer_norm(name="key_ln")(key)
+            query, key = self._normalize_qk(query, key)
 
         if self.decode:
             key, value, mask, cached = self._use_cache(query, key, value, mask)
@@ -152,7 +163,14 @@ class MultiHeadAttention(nn.Module):
                 # Flax sows float32 weights under force_fp32_for_softmax
                 self.sow("intermediates", "attention_weights",
                          weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
+        return self._output(x, head_mask, inputs_q)
 
+    def _normalize_qk(self, query, key):
+        layer_norm = functools.partial(nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        return layer_norm(name="query_ln")(query), layer_norm(name="key_ln")(key)
+
+    def _output(self, x, head_mask, inputs_q):
+        """Heads `[batch..., Lq, H, d_v]`, gated by `head_mask`, through W^O."""
         if head_mask is not None:
             x = x * head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
         return nn.DenseGeneral(
@@ -168,6 +186,54 @@ class MultiHeadAttention(nn.Module):
             dot_general_cls=self.out_dot_general_cls,
             name="out",
         )(x)
+
+    def _family_attention(self, spec, options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights):
+        """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
+        name = self.attention_type
+        is_self = inputs_k is inputs_q and inputs_v is inputs_q
+        causal = is_causal or self.decode
+        problems = [
+            (self.attention_fn is not None, "attention_fn", "None (a user attention_fn replaces softmax only)"),
+            (self.dropout_rate > 0.0, "dropout_rate", "0.0 (the family members have no attention dropout)"),
+            (sow_weights, "sow_weights", "False (the family members expose no weights)"),
+            (not spec.cross and not is_self, "inputs_k", "None: self-attention only"),
+            (causal and not spec.causal, "is_causal", "False: the member cannot be causal (nor decode)"),
+            (self.decode and spec.decode is None, "decode", "False: the member has no decoding"),
+            (not spec.grouped and geometry.num_kv_heads != geometry.num_heads, "num_kv_heads",
+             f"None or num_heads ({geometry.num_heads}): the member has no GQA/MQA"),
+            ((spec.projects or spec.shared_qk) and self.fused_qkv, "fused_qkv", "False: the member projects differently"),
+            (spec.projects and self.normalize_qk, "normalize_qk", "False: the member makes its own q/k"),
+            (spec.projects and inputs_v is not inputs_k, "inputs_v", "None or inputs_k: keys and values share a latent"),
+        ]
+        for bad, field, expected in problems:
+            if bad:
+                raise ValueError(f"{type(self).__name__}.{field} with attention_type={name!r}; expected {expected}")
+        layer_values = dict(
+            dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision, impl=self.impl,
+            decode=self.decode, kernel_init=self.kernel_init, use_bias=self.use_bias,
+            num_heads=geometry.num_heads, head_dim=geometry.head_dim, v_head_dim=geometry.v_head_dim,
+        )
+        fields = {f.name for f in dataclasses.fields(spec.module)}
+        module = spec.module(**{k: v for k, v in layer_values.items() if k in fields}, **options, name=name)
+        batch, Lq = inputs_q.shape[:-2], inputs_q.shape[-2]
+        flat = lambda x: x.reshape(-1, *x.shape[len(batch):])
+        if spec.projects:
+            Lk = inputs_k.shape[-2]
+            if not self.decode:
+                mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, Lk)), batch)
+            x = module(flat(inputs_q), flat(inputs_k), mask=mask, is_causal=causal)
+            return x.reshape(*batch, *x.shape[1:])
+        query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry, shared_qk=spec.shared_qk)
+        if self.normalize_qk:
+            query, key = self._normalize_qk(query, key)
+        offset = 0
+        if self.decode and spec.decode == "kv_cache":
+            key, value, mask, cached = self._use_cache(query, key, value, mask)
+            if cached:  # the first new query's absolute position
+                offset = self.get_variable("cache", "cache_index") - Lq
+        mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, key.shape[-3])), batch)
+        x = module(flat(query), flat(key), flat(value), mask=mask, is_causal=causal, query_offset=offset)
+        return x.reshape(*batch, *x.shape[1:])
 
     def _check_config(self, inputs_q, is_self_attention):
         """Validate the attributes; return the resolved `HeadGeometry`."""
@@ -194,8 +260,8 @@ class MultiHeadAttention(nn.Module):
             )
         return geometry
 
-    def _project(self, inputs_q, inputs_k, inputs_v, geometry):
-        """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk], v [batch..., Lk, G, Dv]."""
+    def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):
+        """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk], v [batch..., Lk, G, Dv]; k is q when `shared_qk`."""
         dense = functools.partial(
             nn.DenseGeneral,
             axis=-1,
@@ -212,9 +278,10 @@ class MultiHeadAttention(nn.Module):
         if self.fused_qkv:
             qkv = dense(features=(H + 2 * G, d_k), name="qkv")(inputs_q)
             return jnp.split(qkv, [H, H + G], axis=-2)
+        query = dense(features=(H, d_k), name="query")(inputs_q)
         return (
-            dense(features=(H, d_k), name="query")(inputs_q),
-            dense(features=(G, d_k), name="key")(inputs_k),
+            query,
+            query if shared_qk else dense(features=(G, d_k), name="key")(inputs_k),
             dense(features=(G, geometry.v_head_dim), name="value")(inputs_v),
         )
 

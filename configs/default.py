@@ -50,6 +50,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.max_len = 256
     config.model.dtype = "auto"  # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster (training/run/precision.py)
     config.model.attention_impl = "vmap"
+    config.model.attention_type = "softmax"  # or a member of attention.family.ATTENTION_TYPES: linformer, performer, entmax, span, mla, ...
+    config.model.attention_options = ""  # the member's settings as 'key=value,...', e.g. 'projected_length=32' (attention.family.options_of)
     config.model.matmul = "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major for bf16 on CPUs with native bf16
 
     config.optimizer = ml_collections.ConfigDict()

@@ -23,15 +23,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+from flax.core import FrozenDict
 from jax import lax
 
 import attention
+from attention import family
 from models import tokens
 
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False)}
@@ -62,10 +64,14 @@ class TransformerConfig:
     dtype: Any = jnp.float32  # compute dtype (logits are always returned in float32)
     param_dtype: Any = jnp.float32  # parameter dtype
     attention_impl: str = "vmap"  # one of attention.IMPLS
+    # attention.family member for every sublayer it can serve (the rest stay softmax, see `_attention`)
+    attention_type: str = "softmax"
+    attention_options: Mapping[str, Any] = FrozenDict()  # the member's hyper-parameters (attention.family.options_of)
     # the dense layers' and the logits' `lax.dot_general` replacement (None: lax's), e.g. from `backends`
     dot_general: Callable | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "attention_options", FrozenDict(self.attention_options or {}))  # hashable
         self.validate()
 
     @property
@@ -96,6 +102,12 @@ class TransformerConfig:
         _require("activation", self.activation, self.activation in ACTIVATIONS, f"one of {sorted(ACTIVATIONS)}")
         _require("attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS,
                  f"one of {attention.IMPLS}")
+        _require("attention_type", self.attention_type, self.attention_type in family.ATTENTION_TYPES,
+                 f"one of {tuple(family.ATTENTION_TYPES)}")
+        try:
+            family.check_options(self.attention_type, self.attention_options)
+        except ValueError as error:
+            raise ValueError(f"TransformerConfig.{error}") from None
         for name in ("pad_id", "eos_id", "bos_id"):
             value = getattr(self, name)
             _require(name, value, isinstance(value, int) and 0 <= value < self.vocab_size,
@@ -171,20 +183,26 @@ def _out_kernel_init(config):
     return lambda key, shape, dtype=jnp.float32: scale * nn.linear.default_kernel_init(key, shape, dtype)
 
 
-def _attention(layer, train, name, decode=False):
+def _attention(layer, train, name, decode=False, causal=False, cross=False):
     """`layer`'s attention sublayer `name`, called with the hooks the `apply` provides.
 
     Reads its head gates from the `head_mask` collection (None when absent) and records its
-    weights when `intermediates` is mutable (not in `init`, which would store them).
+    weights when `intermediates` is mutable (not in `init`, which would store them). It runs
+    `config.attention_type` if that member supports what the sublayer needs (`causal`: the
+    decoder's self-attention, which must also decode; `cross`: keys from the encoder), else
+    softmax: linformer leaves the decoder's self-attention exact, span the cross-attention.
     """
     config = layer.config
+    serves = family.supports(config.attention_type, causal=causal, cross=cross, decode=causal)
+    attention_type = config.attention_type if serves else "softmax"
     module = attention.MultiHeadAttention(
         num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
         v_head_dim=config.v_head_dim,
         dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
         qkv_dot_general=config.dot_general, out_dot_general=config.dot_general,
-        dtype=config.dtype, param_dtype=config.param_dtype, name=name,
+        dtype=config.dtype, param_dtype=config.param_dtype, attention_type=attention_type,
+        attention_options=config.attention_options if serves and attention_type != "softmax" else None, name=name,
     )
     hooks = dict(head_mask=layer.get_variable("head_mask", name),
                  sow_weights=layer.is_mutable_collection("intermediates") and not layer.is_initializing())
@@ -251,8 +269,8 @@ class DecoderLayer(nn.Module):
     def __call__(self, y, encoded, src_mask, train=False, decode=False):
         """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D]."""
         cfg = self.config
-        self_attention = _attention(self, train, "self_attention", decode=decode)
-        cross_attention = _attention(self, train, "cross_attention")
+        self_attention = _attention(self, train, "self_attention", decode=decode, causal=True)
+        cross_attention = _attention(self, train, "cross_attention", cross=True)
         y = _residual(cfg, lambda h: self_attention(h, is_causal=True), y, train, "ln_self")
         y = _residual(cfg, lambda h: cross_attention(h, encoded, mask=src_mask), y, train, "ln_cross")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), y, train, "ln_mlp")

@@ -33,6 +33,8 @@ ADDED_FIELDS = {
     "model.matmul": "auto",
     "compilation_cache_dir": "auto",  # a cache changes no result
     "optimizer.schedule": "rsqrt",
+    "model.attention_type": "softmax",
+    "model.attention_options": "",
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
@@ -141,8 +143,29 @@ def _model_fields(config: ml_collections.ConfigDict, vocab_size: int, dtype: str
         head_dim=m.head_dim, v_head_dim=m.v_head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
         tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
-        dtype=DTYPES[dtype], attention_impl=m.attention_impl,
+        dtype=DTYPES[dtype], attention_impl=m.attention_impl, attention_type=m.attention_type,
+        attention_options=parse_options(m.attention_options),
     )
+
+
+def parse_options(text: str) -> dict:
+    """'key=value,...' -> {key: value}, each value read as an int, a float, true/false/none, else kept as text."""
+    pairs = [p for p in (text or "").split(",") if p]
+    if any("=" not in p for p in pairs):
+        raise ValueError(f"config.model.attention_options = {text!r}; expected 'key=value' pairs separated by commas")
+    return {key.strip(): _option_value(value.strip()) for key, value in (p.split("=", 1) for p in pairs)}
+
+
+def _option_value(text):
+    words = {"true": True, "false": False, "none": None}
+    if text.lower() in words:
+        return words[text.lower()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def build_model(config: ml_collections.ConfigDict, vocab, dtype: str | None = None) -> Transformer:

@@ -88,15 +88,20 @@ def block_schedule(
     return Schedule(block_q, block_k, nq, nk, as_array(full), as_array(partial))
 
 
-def attention(q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None, options: Options) -> tuple[Array, None]:
+def attention(
+    q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None, options: Options, plan: Schedule | None = None
+) -> tuple[Array, None]:
     """The `attention.grouped` signature: q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]` -> (`[B, Lq, G, R, Dv]`, None).
 
     Pads the lengths to whole blocks, lays the arrays out for the kernel and calls it; JAX
-    differentiates the padding and layout, the kernel has its own backward.
+    differentiates the padding and layout, the kernel has its own backward. `plan` replaces
+    the causal / window schedule by another block pattern (BigBird's, `attention.family.bigbird`):
+    its partial pairs are masked by the causal / window options and the key padding.
     """
     is_causal, window = options.is_causal, options.window
     Lq, Lk = q.shape[1], k.shape[2]
-    plan = block_schedule(Lq, Lk, options.block_q, options.block_k, is_causal, window)
+    if plan is None:
+        plan = block_schedule(Lq, Lk, options.block_q, options.block_k, is_causal, window)
     pad_q, pad_k = plan.num_q_blocks * plan.block_q - Lq, plan.num_k_blocks * plan.block_k - Lk
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     q = _pad_axis(jnp.transpose(q, (0, 2, 3, 1, 4)), 3, pad_q, 0)  # [B, G, R, Lq, Dk]

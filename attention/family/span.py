@@ -1,0 +1,65 @@
+"""Adaptive attention span (Sukhbaatar et al. 2019, "Adaptive Attention Span in Transformers"), eq. 3-4.
+
+Each head h has a span z_h ∈ [0, S]; a key at distance x from the query is weighted by the soft
+mask m_z(x) = min(max((R + z − x) / R, 0), 1) (ramp R) before normalisation:
+
+    a_ij = m_z(i − j) exp(s_ij) / Σ_k m_z(i − k) exp(s_ik)
+
+computed as softmax(s + log m) with m = 0 masked out, by `attention.attend` (any `impl`):
+keys farther than S + R are never attended, so `impl="blockwise"` skips them (the window),
+and the cost is O(N (S + R)) there. Without `is_causal` the distance is |i − j|. The span is
+the parameter "span" `[H]` as a fraction of S, clipped to [0, 1] in the forward pass (the paper
+clamps it after each update), initialised to `span_init`; the paper's L1 penalty on the spans
+belongs to the training loss and is not added here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from attention.core import attend
+
+Array = Any
+
+
+def soft_mask(distance: Array, span: Array, ramp: float) -> Array:
+    """m_z(x) = clip((R + z − x) / R, 0, 1); distance and span broadcast against each other."""
+    return jnp.clip((ramp + span - distance) / ramp, 0.0, 1.0)
+
+
+class Span(nn.Module):
+    """Softmax attention under a learnable soft span per head."""
+
+    max_span: int = 256  # S: the longest span a head can learn
+    ramp: int = 32  # R: width of the soft mask's ramp
+    span_init: float = 1.0  # initial span as a fraction of S (1: every head starts at S)
+    impl: str = "vmap"
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+
+    @nn.compact
+    def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
+        """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`."""
+        for name in ("max_span", "ramp"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"span {name} = {getattr(self, name)!r}; expected a positive int")
+        if not 0.0 <= self.span_init <= 1.0:
+            raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
+        (B, Lq, H, _), Lk = query.shape, key.shape[1]
+        fraction = self.param("span", nn.initializers.constant(self.span_init), (H,), self.param_dtype)
+        z = self.max_span * jnp.clip(fraction.astype(jnp.float32), 0.0, 1.0).reshape(1, H, 1, 1)
+        distance = (query_offset + jnp.arange(Lq))[:, None] - jnp.arange(Lk)[None, :]
+        distance = (distance if is_causal else jnp.abs(distance)).astype(jnp.float32)[None, None]
+        m = soft_mask(distance, z, float(self.ramp))
+        reach = self.max_span + self.ramp - 1  # m = 0 beyond it, whatever z
+        window = (reach, 0 if is_causal else reach) if isinstance(query_offset, int) and query_offset == 0 else None
+        inside = m > 0
+        mask = inside if mask is None else jnp.logical_and(mask, inside)
+        bias = jnp.log(jnp.maximum(m, jnp.finfo(jnp.float32).tiny))
+        out, _ = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal and window is not None,
+                        local_window_size=window, impl=self.impl, dtype=self.dtype, precision=self.precision)
+        return out

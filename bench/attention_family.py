@@ -1,0 +1,102 @@
+"""The attention family at long N: forward+backward time and XLA's planned memory, against exact attention.
+
+    taskset -c 1 python -m bench.attention_family --lengths 1024 4096 --reps 3   # results/attention_family.md
+
+For each N and causal / not, every member's attention core (its module on q, k, v `[1, N, 8, 64]`,
+gradients w.r.t. q, k, v) and the exact references: `jax.nn.dot_product_attention` (XLA, the
+ratio's denominator) and `impl="blockwise"`. Rounds alternate over the formulations (one call
+each per round, median over `--reps` rounds), all in this process on one core; `--clock cpu`
+(default) counts this process's CPU time only. Memory is XLA's plan for the compiled
+forward+backward (temporaries + outputs, `memory_analysis()`), not a measured peak. Members that
+cannot be causal (linformer) are left out of the causal rows; MLA's core is exact attention
+(its gain is the cache, `attention.family.cache_elements_per_token`), so it is not timed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import jax
+import jax.numpy as jnp
+
+import attention
+from attention import family
+from bench.timing import CLOCKS
+
+B, H, D = 1, 8, 64
+
+
+def member_options(name: str, N: int) -> dict:
+    """Each member's settings at length N: the papers' defaults where they give one."""
+    return {
+        "linformer": dict(max_length=N, projected_length=256),  # the paper's k for long N
+        "performer": dict(num_features=256),  # ~ d ln d
+        "bigbird": dict(block_size=64, window_blocks=1, global_blocks=2, random_blocks=3),  # BigBird-ITC
+        "lsh": dict(num_buckets=max(2, 2 * (N // 128)), chunk_length=64, num_hashes=2),  # ~2 chunks per bucket
+        "entmax": dict(),
+        "span": dict(max_span=256, ramp=32, impl="blockwise"),
+    }[name]
+
+
+def formulations(N: int, causal: bool, q, k, v):
+    """{name: jitted forward+backward (q, k, v) -> grads}."""
+    out = {
+        "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
+        "blockwise": lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"),
+    }
+    for name, spec in family.ATTENTION_TYPES.items():
+        if spec is None or spec.projects or (causal and not spec.causal):
+            continue
+        module = spec.module(**member_options(name, N))
+        params = module.init(jax.random.key(0), q, k, v, is_causal=causal)
+        key_of = (lambda q, k: q) if spec.shared_qk else (lambda q, k: k)
+        out[name] = (lambda module, params, key_of: lambda q, k, v: module.apply(
+            params, q, key_of(q, k), v, is_causal=causal))(module, params, key_of)
+    grads = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2)))
+    return {name: grads(f) for name, f in out.items()}
+
+
+def planned_gib(step, q, k, v) -> float:
+    stats = step.lower(q, k, v).compile().memory_analysis()
+    return (stats.temp_size_in_bytes + stats.output_size_in_bytes) / 2**30
+
+
+def run(lengths, reps, clock):
+    now = CLOCKS[clock]
+    print("| N | causal | formulation | fwd+bwd ms | × xla | × blockwise | planned GiB | × xla memory |")
+    print("|---|---|---|---|---|---|---|---|")
+    for N in lengths:
+        keys = jax.random.split(jax.random.key(N), 3)
+        q, k, v = (jax.random.normal(kk, (B, N, H, D), jnp.float32) for kk in keys)
+        for causal in (False, True):
+            steps = formulations(N, causal, q, k, v)
+            memory = {name: planned_gib(step, q, k, v) for name, step in steps.items()}
+            times = {name: [] for name in steps}
+            for name, step in steps.items():  # warm-up (compile)
+                jax.block_until_ready(step(q, k, v))
+            for _ in range(reps):  # alternating rounds
+                for name, step in steps.items():
+                    start = now()
+                    jax.block_until_ready(step(q, k, v))
+                    times[name].append((now() - start) * 1e3)
+            ms = {name: statistics.median(t) for name, t in times.items()}
+            for name in steps:
+                print(f"| {N} | {causal} | {name} | {ms[name]:.0f} | {ms[name] / ms['xla']:.2f} | "
+                      f"{ms[name] / ms['blockwise']:.2f} | {memory[name]:.3f} | {memory[name] / memory['xla']:.2f} |",
+                      flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
+    args = parser.parse_args()
+    print(f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
+          f"median of {args.reps} alternating rounds ({args.clock} clock)\n")
+    run(args.lengths, args.reps, args.clock)
+
+
+if __name__ == "__main__":
+    main()

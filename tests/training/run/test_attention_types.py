@@ -1,0 +1,70 @@
+"""configs/default.py with --config.model.attention_type=X: validates, builds, and takes two training steps."""
+
+import re
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attention import family
+from configs import default
+from models import Transformer
+from training import config as config_lib
+from training.run import step as step_lib
+
+VOCAB = 40
+
+
+def tiny_config(attention_type, options=""):
+    config = default.get_config()
+    config.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_len=32, dtype="float32",
+                        attention_type=attention_type, attention_options=options)
+    config.num_train_steps = 2
+    return config
+
+
+def batch(rng=np.random.default_rng(0)):
+    src = rng.integers(3, VOCAB, size=(4, 12)).astype(np.int32)
+    tgt = rng.integers(3, VOCAB, size=(4, 11)).astype(np.int32)
+    src[0, 8:] = tgt[0, 7:] = 0  # padding
+    tgt_in = np.concatenate([np.full((4, 1), 2, np.int32), tgt[:, :-1]], axis=1)
+    return {"src": jnp.asarray(src), "tgt_in": jnp.asarray(tgt_in), "tgt_out": jnp.asarray(tgt),
+            "weights": jnp.asarray(tgt != 0, jnp.float32)}
+
+
+@pytest.mark.slow  # a train step's compile per member: ~15 s of CPU each
+@pytest.mark.parametrize("attention_type", [t for t in family.ATTENTION_TYPES if t != "softmax"])
+def test_each_member_trains_two_steps_from_the_default_config(attention_type):
+    options = "max_length=32,projected_length=8" if attention_type == "linformer" else ""
+    config = tiny_config(attention_type, options)
+    config_lib.validate(config)
+    model_config = config_lib.model_config(config, VOCAB, "float32")
+    assert model_config.attention_type == attention_type
+    data = batch()
+    tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
+    state = step_lib.create_state(Transformer(model_config), tx, jax.random.key(0),
+                                  SimpleNamespace(src=data["src"], tgt_in=data["tgt_in"]))
+    train_step = jax.jit(lambda s, b, r: step_lib.train_step(s, b, r, label_smoothing=0.1))
+    losses = []
+    for _ in range(2):
+        state, metrics = train_step(state, data, jax.random.key(1))
+        losses.append(float(metrics["loss"]))
+    assert all(np.isfinite(losses)) and int(state.step) == 2
+
+
+def test_options_text_is_parsed_and_checked():
+    assert config_lib.parse_options("max_length=32, share_kv=true,alpha_init=1.5") == {
+        "max_length": 32, "share_kv": True, "alpha_init": 1.5}
+    with pytest.raises(ValueError, match=re.escape("config.model.attention_options = {'k': 3}: ['k'] not settable")):
+        config_lib.validate(tiny_config("performer", "k=3"))
+    with pytest.raises(ValueError, match="config.model.attention_type = 'flash'"):
+        config_lib.validate(tiny_config("flash"))
+
+
+def test_old_configs_read_back_as_softmax():
+    config = default.get_config()
+    del config.model["attention_type"], config.model["attention_options"]
+    completed = config_lib.complete(config)
+    assert (completed.model.attention_type, completed.model.attention_options) == ("softmax", "")
