@@ -39,3 +39,30 @@ def test_token_loss_gradient_is_softmax_minus_smoothed_labels():
     labels = np.full(logits.shape, 0.1 / 7)
     np.put_along_axis(labels, targets[..., None], 0.9 + 0.1 / 7, axis=-1)
     np.testing.assert_allclose(grad, probs - labels, atol=1e-6)
+
+
+def _optimizer_config(schedule):
+    import ml_collections
+
+    return ml_collections.ConfigDict(dict(schedule=schedule, learning_rate=2e-3, warmup_steps=100))
+
+
+def test_rsqrt_schedule_is_vaswanis_formula():
+    schedule = step_lib.learning_rate_schedule(_optimizer_config("rsqrt"), 1000)
+    # peak * min(step / warmup, sqrt(warmup / step)) at step = count + 1
+    for count, expected in ((0, 2e-3 / 100), (99, 2e-3), (399, 2e-3 * 0.5)):
+        assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_cosine_schedule_warms_up_then_reaches_zero_at_the_last_step():
+    schedule = step_lib.learning_rate_schedule(_optimizer_config("cosine"), 1100)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(50)) == pytest.approx(1e-3)  # linear warm-up
+    assert float(schedule(100)) == pytest.approx(2e-3)
+    assert float(schedule(600)) == pytest.approx(1e-3, rel=1e-5)  # half way down: peak (1 + cos(pi / 2)) / 2
+    assert float(schedule(1100)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_unknown_schedule_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"config.optimizer.schedule = 'linear'.*rsqrt"):
+        step_lib.learning_rate_schedule(_optimizer_config("linear"), 1000)
