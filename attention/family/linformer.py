@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from attention.core import attend
-from attention.family.member import key_padding
+from attention.family.member import key_padding, require_positive_ints
 
 Array = Any
 
@@ -43,10 +43,7 @@ class Linformer(nn.Module):
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
         """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`; mask: key padding only. -> `[B, Lq, H, d_v]`."""
-        for name in ("max_length", "projected_length"):
-            value_ = getattr(self, name)
-            if not isinstance(value_, int) or value_ < 1:
-                raise ValueError(f"linformer {name} = {value_!r}; expected a positive int")
+        require_positive_ints("linformer", max_length=self.max_length, projected_length=self.projected_length)
         if is_causal:
             raise ValueError(
                 "attention_type='linformer' cannot be causal: E and F mix all positions; "

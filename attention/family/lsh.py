@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.family.member import key_padding
+from attention.family.member import key_padding, require_positive_ints
 
 Array = Any
 _SELF = -1e5  # Reformer's logit for a query's own key
@@ -47,9 +47,7 @@ class LSH(nn.Module):
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
         """query `[B, L, H, d_k]` (the keys are the queries), value `[B, L, H, d_v]` -> `[B, L, H, d_v]`."""
-        for name in ("num_buckets", "chunk_length", "num_hashes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"lsh {name} = {getattr(self, name)!r}; expected a positive int")
+        require_positive_ints("lsh", num_buckets=self.num_buckets, chunk_length=self.chunk_length, num_hashes=self.num_hashes)
         if self.num_buckets > 1 and self.num_buckets % 2:
             raise ValueError(f"lsh num_buckets = {self.num_buckets}; expected 1 or an even int (x R and -x R)")
         B, L, H, d = query.shape

@@ -45,6 +45,13 @@ LAYER_FIELDS = (
 )
 
 
+def require_positive_ints(member: str, **settings) -> None:
+    """ValueError naming the first setting that is not a positive int (`member` names the attention_type)."""
+    for name, value in settings.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{member} {name} = {value!r}; expected a positive int")
+
+
 def key_padding(attention_type: str, mask: Array | None, key_length: int) -> Array | None:
     """A mask `[B|1, H|1, Lq|1, Lk|1]` that only removes keys -> `[B|1, Lk]` bool (None stays None).
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.family.member import grouped_queries, key_padding
+from attention.family.member import grouped_queries, key_padding, require_positive_ints
 
 Array = Any
 _TINY = 1e-30  # below it a denominator counts as 0: that query (features all underflowed, or padding) outputs 0
@@ -111,9 +111,7 @@ class Performer(nn.Module):
         """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`; mask: key padding only. -> `[B, Lq, H, d_v]`."""
         d_k, G, d_v = query.shape[-1], key.shape[-2], value.shape[-1]
         m = self.num_features or max(1, round(d_k * math.log(d_k)))
-        for name, v in (("num_features", m), ("chunk_length", self.chunk_length)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"performer {name} = {v!r}; expected a positive int")
+        require_positive_ints("performer", num_features=m, chunk_length=self.chunk_length)
         w = self.param("random_features", lambda rng, shape, dtype: orthogonal_features(rng, *shape, dtype),
                        (m, d_k), self.param_dtype)
         phi_q, phi_k = feature_maps(query, key, lax.stop_gradient(w))

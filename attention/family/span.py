@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from attention.core import attend
+from attention.family.member import require_positive_ints
 
 Array = Any
 
@@ -44,9 +45,7 @@ class Span(nn.Module):
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
         """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`."""
-        for name in ("max_span", "ramp"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"span {name} = {getattr(self, name)!r}; expected a positive int")
+        require_positive_ints("span", max_span=self.max_span, ramp=self.ramp)
         if not 0.0 <= self.span_init <= 1.0:
             raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
         (B, Lq, H, _), Lk = query.shape, key.shape[1]

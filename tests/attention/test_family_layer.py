@@ -64,6 +64,9 @@ def test_supports_says_which_sublayers_a_member_can_serve():
         (dict(attention_type="entmax", dropout_rate=0.1, deterministic=True), {}, "dropout_rate with"),
         (dict(attention_type="entmax"), dict(sow_weights=True), "sow_weights with"),
         (dict(attention_type="performer"), dict(mask=jnp.ones((2, 1, 6, 6), bool)), "key-padding masks"),
+        (dict(attention_type="linformer", attention_options={"projected_length": 0}), {}, "linformer projected_length = 0; expected a positive int"),
+        (dict(attention_type="span", attention_options={"ramp": 2.5}), {}, "span ramp = 2.5; expected a positive int"),
+        (dict(attention_type="lsh", attention_options={"num_hashes": True}), {}, "lsh num_hashes = True; expected a positive int"),
     ],
 )
 def test_bad_settings_raise_naming_the_field(kwargs, call, message):
