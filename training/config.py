@@ -33,6 +33,7 @@ ADDED_FIELDS = {
     "model.matmul": "auto",
     "compilation_cache_dir": "auto",  # a cache changes no result
     "optimizer.schedule": "rsqrt",
+    "data.pack_length": 0,
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
