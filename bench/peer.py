@@ -10,7 +10,8 @@ pmapped and donated as its loop does, on packed rows of 64 at its fill. Ours is 
 loop's own trainer (`training.parallel.trainers`, donated) on the default config at that size,
 fed real Multi30k batches from `BatchSchedule`, their padding included. Same slots per step
 (`data.token_budget` = the peer's rows x 64), dropout 0.1; attention dropout as each side's config
-has it (the peer's 0.1, our `model.attention_dropout_rate`). `--set data.x=v` changes our config.
+has it (the peer's 0.1, our `model.attention_dropout_rate`). `--variant LABEL:PATH=VALUE,...`
+(repeatable) times ours with config changes too, e.g. `--variant default: --variant packed:data.pack_length=64`.
 
 Useful tokens are target tokens that are not padding (EOS included: both losses count it). Our
 rates are an epoch's: each bucket shape is timed on its own real batches (median of `--reps`),
@@ -53,6 +54,14 @@ CPU_CLOCK_SHIM = ("import runpy, sys, time; time.perf_counter = time.process_tim
                   "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
+def cpu_description() -> str:
+    """`lscpu`'s model name and the CPU's bfloat16 / AMX flags, from /proc/cpuinfo."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(name)), "?")
+    flags = [f for f in field("flags").split() if "bf16" in f or f.startswith("amx") or f in ("avx2", "avx512f")]
+    return f"{field('model name')} ({' '.join(flags) or 'no avx2/avx512/bf16 flags'})"
+
+
 def our_config(size: str, dtype: str, overrides: dict):
     """The default config at `size`, `dtype`, with the peer's slots per step, then `overrides`."""
     config = default.get_config()
@@ -76,7 +85,8 @@ class Ours:
     def __init__(self, config, vocab, src_ids, tgt_ids, reps: int):
         self.model = config_lib.build_model(config, vocab, config.model.dtype)
         self.schedule = BatchSchedule(src_ids, tgt_ids, token_budget=config.data.token_budget,
-                                      bucket_lengths=config.data.bucket_lengths, seed=config.seed)
+                                      bucket_lengths=config.data.bucket_lengths, seed=config.seed,
+                                      pack_length=config.data.pack_length)
         tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
         self.trainer = trainers.make_trainer(config, self.model, tx)
         self.rng = jax.random.key(1)
@@ -140,16 +150,17 @@ def run_peer(args, size: str) -> dict:
     return out
 
 
-def parse_overrides(pairs) -> dict:
-    """['data.token_budget=1024', ...] -> {path: Python literal (or the bare string)}."""
-    out = {}
-    for pair in pairs:
-        path, _, text = pair.partition("=")
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'packed:data.pack_length=64,data.token_budget=1280' -> (label, {path: Python literal (or the bare string)})."""
+    label, _, pairs = text.partition(":")
+    overrides = {}
+    for pair in filter(None, pairs.split(",")):
+        path, _, value = pair.partition("=")
         try:
-            out[path] = ast.literal_eval(text)
+            overrides[path] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            out[path] = text
-    return out
+            overrides[path] = value
+    return label, overrides
 
 
 def main():
@@ -163,24 +174,29 @@ def main():
     parser.add_argument("--reps", type=int, default=3, help="our timed steps per bucket shape per round")
     parser.add_argument("--peer_steps", type=int, default=0, help="the peer's timed steps (0: small 10, base 5)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
-    parser.add_argument("--set", nargs="*", default=[], metavar="PATH=VALUE", help="our config overrides, e.g. data.token_budget=1024")
+    parser.add_argument("--variant", action="append", metavar="LABEL:PATH=VALUE,...",
+                        help="our config with these changes (repeatable; default: 'default:', the config as it is)")
     args = parser.parse_args()
-    overrides = parse_overrides(args.set)
+    variants = dict(parse_variant(v) for v in args.variant or ["default:"])
+    ours_rows = [(v, d) for v in variants for d in args.dtypes]
 
     rates = {d: matmul_flops_per_s(jax.numpy.dtype(d), clock=args.clock) for d in ["float32", *args.dtypes]}
-    print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}, ours {overrides or 'default config'}; "
+    print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
+    print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}, ours {variants}; "
           "matmul 2048^3: " + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items()), flush=True)
-    config = our_config(args.sizes[0], "float32", overrides)
+    config = default.get_config()
     train = load_corpus(config, config.data.train_split)
     vocab = tokenizer.load(tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed))
     src_ids, tgt_ids = vocab.encode(list(train.src)), vocab.encode(list(train.tgt))
-    ours = {(s, d): Ours(our_config(s, d, overrides), vocab, src_ids, tgt_ids, args.reps) for s in args.sizes for d in args.dtypes}
-    peer_model_flops = {s: peer_flops(ours[s, args.dtypes[0]], SIZES[s][1]) for s in args.sizes}
+    ours = {(s, v, d): Ours(our_config(s, d, variants[v]), vocab, src_ids, tgt_ids, args.reps)
+            for s in args.sizes for v, d in ours_rows}
+    peer_model_flops = {s: peer_flops(ours[(s, *ours_rows[0])], SIZES[s][1]) for s in args.sizes}
 
-    print("\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | MFU | useful vs peer | slot vs peer |")
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | shapes | MFU | useful vs peer | slot vs peer |")
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios = defaultdict(list)
     for r in range(args.rounds):
+        print(f"<!-- round {r + 1}: load average {os.getloadavg()[0]:.2f} -->", flush=True)
         for size in args.sizes:
             results = {}
             order = ["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]
@@ -188,25 +204,26 @@ def main():
                 if side == "peer":
                     results["peer"] = run_peer(args, size)
                 else:
-                    for d in args.dtypes:
-                        results[d] = ours[size, d].epoch_rates(args.clock)
+                    for v, d in ours_rows:
+                        results[v, d] = ours[size, v, d].epoch_rates(args.clock)
             peer = results["peer"]
-            row = lambda side, d, step, slot, useful, fill, mfu, extra: print(
-                f"| {r + 1} | {size} | {side} | {d} | {step:.3f} | {slot:,.0f} | {useful:,.0f} | {fill:.3f} | {mfu:.0%} | {extra} |", flush=True)
-            row("flax wmt", "float32", peer["median_s"], peer["slot_tok_s"], peer["useful_tok_s"], peer["target_nonpad"],
+            row = lambda side, d, step, slot, useful, fill, shapes, mfu, extra: print(
+                f"| {r + 1} | {size} | {side} | {d} | {step:.3f} | {slot:,.0f} | {useful:,.0f} | {fill:.3f} | {shapes} | {mfu:.0%} | {extra} |",
+                flush=True)
+            row("flax wmt", "float32", peer["median_s"], peer["slot_tok_s"], peer["useful_tok_s"], peer["target_nonpad"], 1,
                 peer_model_flops[size] / peer["median_s"] / rates["float32"], "1 | 1")
-            for d in args.dtypes:
-                o = results[d]
+            for v, d in ours_rows:
+                o = results[v, d]
                 useful, slot = o["useful_tok_s"] / peer["useful_tok_s"], o["slot_tok_s"] / peer["slot_tok_s"]
-                ratios[size, d].append((useful, slot))
-                row("ours", d, o["step_s"], o["slot_tok_s"], o["useful_tok_s"], o["fill"], o["flop_s"] / rates[d],
-                    f"{useful:.2f} | {slot:.2f}")
-    print("\n| size | ours dtype | rounds | useful tok/s vs peer, median (each) | slot tok/s vs peer, median (each) |")
-    print("|---|---|---:|---:|---:|")
-    for (size, d), pairs in ratios.items():
+                ratios[size, v, d].append((useful, slot))
+                row(f"ours, {v}", d, o["step_s"], o["slot_tok_s"], o["useful_tok_s"], o["fill"], o["shapes"],
+                    o["flop_s"] / rates[d], f"{useful:.2f} | {slot:.2f}")
+    print("\n| size | ours | dtype | rounds | useful tok/s vs peer, median (each) | slot tok/s vs peer, median (each) |")
+    print("|---|---|---|---:|---:|---:|")
+    for (size, v, d), pairs in ratios.items():
         useful, slot = zip(*pairs)
         each = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
-        print(f"| {size} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
+        print(f"| {size} | {v} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
               f"{statistics.median(slot):.2f} ({each(slot)}) |")
 
 
