@@ -32,6 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.vocab_size = 8000  # joint SentencePiece unigram vocabulary
     config.data.token_budget = 2048  # padded slots per side a batch: rows = budget // bucket length
     config.data.bucket_lengths = (8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)  # tokens, incl. BOS/EOS
+    config.data.pack_length = 0  # 0: batches of one bucket length; N: pairs packed into rows of N tokens (one shape; results/peer.md)
 
     config.model = ml_collections.ConfigDict()
     config.model.d_model = 256

@@ -9,6 +9,12 @@ counter there too, so the token(s) fed in a call are embedded at their absolute 
 (`position`, `position + 1`, ...). A call that finds no cache (an `init`, or an `apply` with
 `mutable=['cache']` on params only) creates it, sized by the target length it is given.
 
+Packed rows (several sentence pairs in one row, as `training.data.batching` packs them): the
+training call takes segment ids (pair k of a row is segment k on both sides, 0 is padding) and
+per-token positions that restart at 0 in each pair. Attention then stays inside a pair: source
+self-attention and target-to-source cross-attention within equal segments, target
+self-attention causal within its segment; each pair is embedded at its own positions.
+
 Analysis hooks travel in Flax collections, not in the call signatures:
   head_mask     -- gates per attention layer, a float `[H]` or `[B, H]` array at
                    `head_mask/{encoder,decoder}/layer_i/{self,cross}_attention`, multiplying each
@@ -226,9 +232,10 @@ def _final_norm(config, x):
 
 
 def _embed(config, embed, tokens, positions, train):
-    """tokens [B, L] -> embedding * sqrt(d_model) + sinusoid at `positions` [L], dropped out: [B, L, D]."""
+    """tokens [B, L] -> embedding * sqrt(d_model) + sinusoid at `positions` [L] or [B, L], dropped out: [B, L, D]."""
     table = jnp.asarray(sinusoidal_positions(config.max_len, config.d_model), config.dtype)
-    x = embed(tokens) * math.sqrt(config.d_model) + table[positions][None]
+    position_codes = table[positions]
+    x = embed(tokens) * math.sqrt(config.d_model) + (position_codes if positions.ndim == 2 else position_codes[None])
     return nn.Dropout(config.dropout_rate, deterministic=not train)(x)
 
 
@@ -253,7 +260,7 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, src_mask, train=False):
-        """x: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool (True = real key). Returns [B, Ls, D]."""
+        """x: [B, Ls, D]; src_mask: [B, 1, 1 or Ls, Ls] bool (True = a key the query sees). Returns [B, Ls, D]."""
         cfg = self.config
         attend = lambda h: _attention(self, train, "self_attention")(h, mask=src_mask)
         x = _residual(cfg, attend, x, train, "ln_self")
@@ -266,12 +273,15 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, y, encoded, src_mask, train=False, decode=False):
-        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1, Ls] bool. Returns [B, Lt, D]."""
+    def __call__(self, y, encoded, src_mask, train=False, decode=False, self_mask=None):
+        """y: [B, Lt, D]; encoded: [B, Ls, D]; src_mask: [B, 1, 1 or Lt, Ls] bool. Returns [B, Lt, D].
+
+        self_mask: None, or [B, 1, Lt, Lt] bool restricting the (causal) self-attention further.
+        """
         cfg = self.config
         self_attention = _attention(self, train, "self_attention", decode=decode, causal=True)
         cross_attention = _attention(self, train, "cross_attention", cross=True)
-        y = _residual(cfg, lambda h: self_attention(h, is_causal=True), y, train, "ln_self")
+        y = _residual(cfg, lambda h: self_attention(h, mask=self_mask, is_causal=True), y, train, "ln_self")
         y = _residual(cfg, lambda h: cross_attention(h, encoded, mask=src_mask), y, train, "ln_cross")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), y, train, "ln_mlp")
 
@@ -283,11 +293,12 @@ class Encoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, src_tokens, train=False):
-        """src_tokens: [B, Ls] int32. Returns [B, Ls, D]."""
+    def __call__(self, src_tokens, train=False, segments=None, positions=None):
+        """src_tokens: [B, Ls] int32; packed rows: segments, positions [B, Ls] int32. Returns [B, Ls, D]."""
         cfg = self.config
-        x = _embed(cfg, self.embed, src_tokens, jnp.arange(src_tokens.shape[1]), train)
-        src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
+        positions = jnp.arange(src_tokens.shape[1]) if positions is None else positions
+        x = _embed(cfg, self.embed, src_tokens, positions, train)
+        src_mask = _key_mask(cfg, src_tokens, segments, segments)
         for i in range(cfg.num_layers):
             x = EncoderLayer(cfg, name=f"layer_{i}")(x, src_mask, train)
         return _final_norm(cfg, x)
@@ -300,13 +311,22 @@ class Decoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
-        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32."""
+    def __call__(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False, packing=None):
+        """encoded: [B, Ls, D]; src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt]. Returns [B, Lt, vocab] float32.
+
+        packing: None, or (src_segments [B, Ls], tgt_segments [B, Lt], tgt_positions [B, Lt]) of packed rows.
+        """
         cfg = self.config
-        y = _embed(cfg, self.embed, tgt_in_tokens, self._positions(tgt_in_tokens.shape[1], decode), train)
-        src_mask = attention.make_padding_mask(src_tokens, pad_id=cfg.pad_id)
+        if packing is None:
+            positions, self_mask = self._positions(tgt_in_tokens.shape[1], decode), None
+            src_mask = _key_mask(cfg, src_tokens, None, None)
+        else:
+            src_segments, tgt_segments, positions = packing
+            self_mask = attention.make_attention_mask(tgt_segments, tgt_segments, jnp.equal)
+            src_mask = _key_mask(cfg, src_tokens, tgt_segments, src_segments)
+        y = _embed(cfg, self.embed, tgt_in_tokens, positions, train)
         for i in range(cfg.num_layers):
-            y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, src_mask, train, decode)
+            y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, src_mask, train, decode, self_mask)
         return self._logits(_final_norm(cfg, y)).astype(jnp.float32)
 
     def _logits(self, y):
@@ -336,6 +356,17 @@ class Decoder(nn.Module):
         return start + jnp.arange(length)
 
 
+def _key_mask(config, src_tokens, query_segments, key_segments):
+    """Which source keys a query sees: the real ones ([B, 1, 1, Ls]), or those of its own segment ([B, 1, Lq, Ls]).
+
+    With segments, a padding query (segment 0) sees the padding keys, or none (its output, the
+    mean of V, is finite and weighs nothing in the loss).
+    """
+    if query_segments is None:
+        return attention.make_padding_mask(src_tokens, pad_id=config.pad_id)
+    return attention.make_attention_mask(query_segments, key_segments, jnp.equal)
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer. `__call__` for training; `encode` + `decode` for inference."""
 
@@ -351,10 +382,13 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg, self.embed)
         self.decoder = Decoder(cfg, self.embed)
 
-    def encode(self, src_tokens, train=False):
-        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D]."""
+    def encode(self, src_tokens, train=False, segments=None, positions=None):
+        """src_tokens: [B, Ls] int32 (pad_id after the sentence). Returns encoded [B, Ls, D].
+
+        Packed rows: segments and positions [B, Ls] int32 (module docstring).
+        """
         _check_tokens("src_tokens", src_tokens, self.config)
-        return self.encoder(src_tokens, train)
+        return self.encoder(src_tokens, train, segments, positions)
 
     def decode(self, encoded, src_tokens, tgt_in_tokens, train=False, decode=False):
         """Logits [B, Lt, vocab] float32 for the next token after each of `tgt_in_tokens` [B, Lt].
@@ -365,11 +399,26 @@ class Transformer(nn.Module):
         _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
         return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode)
 
-    def __call__(self, src_tokens, tgt_in_tokens, train=False):
+    def __call__(self, src_tokens, tgt_in_tokens, train=False, *, src_segments=None, tgt_segments=None,
+                 src_positions=None, tgt_positions=None):
         """src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt] (bos_id, then the target shifted right).
 
         Returns logits [B, Lt, vocab] float32; target padding needs no mask here (the
         self-attention is causal and pads come last), only in the loss. Head gates and
         recorded attention weights: the `head_mask` and `intermediates` collections (module docstring).
+        Packed rows: all four of `src_segments`, `tgt_segments`, `src_positions`, `tgt_positions`
+        (int [B, Ls] / [B, Lt]; module docstring), or none.
         """
-        return self.decode(self.encode(src_tokens, train), src_tokens, tgt_in_tokens, train)
+        packing = dict(src_segments=src_segments, tgt_segments=tgt_segments, src_positions=src_positions, tgt_positions=tgt_positions)
+        given = [name for name, x in packing.items() if x is not None]
+        if not given:
+            return self.decode(self.encode(src_tokens, train), src_tokens, tgt_in_tokens, train)
+        if len(given) < len(packing):
+            raise ValueError(f"packed rows need all of {tuple(packing)}; got only {given}")
+        for name, x in packing.items():
+            tokens = src_tokens if name.startswith("src") else tgt_in_tokens
+            if jnp.shape(x) != jnp.shape(tokens):
+                raise ValueError(f"{name} has shape {jnp.shape(x)}; expected its tokens' shape {jnp.shape(tokens)}")
+        encoded = self.encode(src_tokens, train, src_segments, src_positions)
+        _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
+        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, False, (src_segments, tgt_segments, tgt_positions))

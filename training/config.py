@@ -35,6 +35,7 @@ ADDED_FIELDS = {
     "optimizer.schedule": "rsqrt",
     "model.attention_type": "softmax",
     "model.attention_options": "",
+    "data.pack_length": 0,
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}

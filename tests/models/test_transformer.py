@@ -199,3 +199,33 @@ def test_weights_are_recorded_only_where_intermediates_is_mutable_and_never_by_i
     decoder_layer = state["intermediates"]["decoder"]["layer_1"]
     assert sorted(decoder_layer) == ["cross_attention", "self_attention"]
     assert decoder_layer["cross_attention"]["attention_weights"][0].shape == (2, 4, 7, 6)  # [B, H, Lt, Ls]
+
+
+@pytest.mark.parametrize("pre_ln", [True, False])
+def test_a_packed_row_computes_each_pair_as_if_alone(pre_ln):
+    """Row 0 packs pair A (source 3 tokens, target 4) then pair B (2, 3), as training.data.batching lays them out."""
+    model, variables = init(tiny(pre_ln=pre_ln))
+    src_a, tgt_a, src_b, tgt_b = [5, 6, 7], [2, 8, 9, 10], [11, 12], [2, 13, 14]
+    packed = dict(
+        src_tokens=jnp.array([src_a + src_b + [0]]), tgt_in_tokens=jnp.array([tgt_a + tgt_b + [0]]),
+        src_segments=jnp.array([[1, 1, 1, 2, 2, 0]]), tgt_segments=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
+        src_positions=jnp.array([[0, 1, 2, 0, 1, 0]]), tgt_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
+    )
+    logits = model.apply(variables, **packed)
+    alone_a = model.apply(variables, jnp.array([src_a]), jnp.array([tgt_a]))
+    alone_b = model.apply(variables, jnp.array([src_b]), jnp.array([tgt_b]))
+    np.testing.assert_allclose(logits[0, :4], alone_a[0], atol=1e-5)
+    np.testing.assert_allclose(logits[0, 4:7], alone_b[0], atol=1e-5)
+    assert np.isfinite(logits).all()  # the padding query sees no key of its segment in the source: still finite
+    unpacked = model.apply(variables, packed["src_tokens"], packed["tgt_in_tokens"])
+    assert not np.allclose(unpacked[0, 4:7], alone_b[0], atol=1e-3)  # without segments, B would see A
+
+
+def test_packing_arguments_come_all_together_in_their_tokens_shape():
+    model, variables = init(tiny())
+    segments = jnp.ones_like(SRC)
+    with pytest.raises(ValueError, match="need all of .*got only \\['src_segments'\\]"):
+        model.apply(variables, SRC, TGT_IN, src_segments=segments)
+    with pytest.raises(ValueError, match=re.escape("tgt_positions has shape (2, 6); expected its tokens' shape (2, 7)")):
+        model.apply(variables, SRC, TGT_IN, src_segments=segments, tgt_segments=jnp.ones_like(TGT_IN),
+                    src_positions=segments, tgt_positions=segments)

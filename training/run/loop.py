@@ -83,6 +83,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
     schedule = BatchSchedule(
         vocab.encode(list(train.src)), vocab.encode(list(train.tgt)),
         token_budget=config.data.token_budget, bucket_lengths=config.data.bucket_lengths, seed=config.seed,
+        pack_length=config.data.pack_length,
     )
     logging.info("%d batches an epoch; %d pairs longer than the largest bucket dropped", schedule.batches_per_epoch, schedule.examples_dropped)
     dev_set = dev_batches(config, vocab, dev)

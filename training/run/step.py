@@ -10,6 +10,8 @@ import optax
 from jax import lax
 from flax.training import train_state
 
+from training.data.batching import PACKING_FIELDS
+
 
 SCHEDULES = ("rsqrt", "cosine")
 
@@ -70,6 +72,11 @@ def token_losses(logits, targets, weights, label_smoothing):
     return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
 
+def packing_inputs(batch: dict) -> dict:
+    """The packed-row arrays of a batch (`training.data.batching.PACKING_FIELDS`), as the model's keyword arguments."""
+    return {name: batch[name] for name in PACKING_FIELDS if name in batch}
+
+
 def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None) -> tuple[Any, dict]:
     """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
 
@@ -87,7 +94,8 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     denominator = jnp.maximum(count, 1.0)
 
     def loss_fn(params):
-        logits = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True, rngs={"dropout": dropout_rng})
+        logits = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True, rngs={"dropout": dropout_rng},
+                                **packing_inputs(batch))
         loss_sum, nll_sum, _ = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing)
         return loss_sum / denominator, nll_sum
 
@@ -101,7 +109,7 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
 
 def eval_step(params, batch, *, apply_fn) -> dict:
     """Sums for dev loss/perplexity: NLL (no smoothing) and token count."""
-    logits = apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=False)
+    logits = apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=False, **packing_inputs(batch))
     _, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], 0.0)
     return {"nll_sum": nll_sum, "tokens": count}
 

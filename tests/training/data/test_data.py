@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from training.data import corpus as data, tokenizer
-from training.data.batching import BatchSchedule
+from training.data import batching
+from training.data.batching import PACKING_FIELDS, BatchSchedule, as_arrays
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +160,53 @@ def test_bad_batching_arguments_raise():
         BatchSchedule([[4]], [[4]], token_budget=8, bucket_lengths=(16,), seed=0)
     with pytest.raises(ValueError, match="no example fits"):
         BatchSchedule([[4] * 20], [[4]], token_budget=64, bucket_lengths=(8,), seed=0)
+
+
+def test_packed_batch_by_hand():
+    rows = [[([5, 6], [9]), ([7], [10, 11])], [([8, 8, 8], [12])]]
+    batch = BatchSchedule.assemble_packed(rows, rows=3, length=5)
+    np.testing.assert_array_equal(batch.src, [[5, 6, 7, 0, 0], [8, 8, 8, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.src_segments, [[1, 1, 2, 0, 0], [1, 1, 1, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.src_positions, [[0, 1, 0, 0, 0], [0, 1, 2, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.tgt_in, [[2, 9, 2, 10, 11], [2, 12, 0, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.tgt_out, [[9, 1, 10, 11, 1], [12, 1, 0, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.tgt_segments, [[1, 1, 2, 2, 2], [1, 1, 0, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.tgt_positions, [[0, 1, 0, 1, 2], [0, 1, 0, 0, 0], [0] * 5])
+    np.testing.assert_array_equal(batch.weights, [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0] * 5])
+    assert sorted(as_arrays(batch)) == sorted(["src", "tgt_in", "tgt_out", "weights", *PACKING_FIELDS])
+    assert sorted(as_arrays(BatchSchedule.assemble([[5]], [[6]], 1, 2))) == ["src", "tgt_in", "tgt_out", "weights"]
+
+
+def test_pack_rows_first_fit_among_the_open_rows(monkeypatch):
+    # (source, target + 1) slots of examples 0..5 in rows of 6, worked by hand with 2 open rows:
+    # 0 opens row 0 (free 2, 4); 1 fits no row: row 1 (free 3, 2); 2 fits row 0 (free 0, 2);
+    # 3 fits none: row 2 (free 4, 1), and row 0 closes (open: 1, 2); 4 fits none: row 3 (free 1, 5),
+    # row 1 closes (open: 2, 3); 5 would fit row 1, but that is closed, and fits neither 2 nor 3: row 4
+    src_len, tgt_len = np.array([4, 3, 2, 2, 5, 3]), np.array([2, 4, 2, 5, 1, 2])
+    monkeypatch.setattr(batching, "OPEN_ROWS", 2)
+    assert batching.pack_rows([0, 1, 2, 3, 4, 5], src_len, tgt_len, 6) == [[0, 2], [1], [3], [4], [5]]
+    assert batching.pack_rows([0, 1, 2], src_len, tgt_len, 6) == [[0, 2], [1]]
+    monkeypatch.setattr(batching, "OPEN_ROWS", 16)
+    assert batching.pack_rows([0, 1, 2, 3, 4, 5], src_len, tgt_len, 6) == [[0, 2], [1, 5], [3], [4]]
+
+
+def test_a_packed_epoch_serves_every_fitting_pair_once_in_one_shape():
+    src, tgt, _ = schedule()
+    sched = BatchSchedule(src, tgt, token_budget=64, bucket_lengths=(8, 16), seed=0, pack_length=16)
+    assert sched.examples_dropped == 1  # src[7] has 36 tokens
+    seen = []
+    for step in range(sched.batches_per_epoch):
+        batch = sched.batch(step)
+        assert batch.src.shape == batch.tgt_out.shape == (4, 16)
+        for row in range(4):
+            for k in range(1, batch.src_segments[row].max() + 1):
+                seen.append((tuple(batch.src[row, batch.src_segments[row] == k]), tuple(batch.tgt_out[row, batch.tgt_segments[row] == k])))
+    assert sorted(seen) == sorted((tuple(s), (*t, 1)) for i, (s, t) in enumerate(zip(src, tgt)) if i != 7)
+    again = BatchSchedule(src, tgt, token_budget=64, bucket_lengths=(8, 16), seed=0, pack_length=16)
+    np.testing.assert_array_equal(again.batch(3).src_segments, sched.batch(3).src_segments)
+
+
+@pytest.mark.parametrize("pack_length, message", [(1, "pack_length must be 0"), (128, "one row of the longest packed row")])
+def test_bad_pack_length_raises(pack_length, message):
+    with pytest.raises(ValueError, match=message):
+        BatchSchedule([[4]], [[4]], token_budget=64, bucket_lengths=(8,), seed=0, pack_length=pack_length)

@@ -1,9 +1,12 @@
-"""`training.run.step.token_losses` against a NumPy cross-entropy with explicitly smoothed labels."""
+"""`training.run.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels; packed batches."""
 
 import jax
 import numpy as np
+import optax
 import pytest
 
+from models import Transformer, TransformerConfig
+from training.data.batching import BatchSchedule, as_arrays
 from training.run import step as step_lib
 
 
@@ -66,3 +69,20 @@ def test_cosine_schedule_warms_up_then_reaches_zero_at_the_last_step():
 def test_an_unknown_schedule_is_refused_by_name():
     with pytest.raises(ValueError, match=r"config.optimizer.schedule = 'linear'.*rsqrt"):
         step_lib.learning_rate_schedule(_optimizer_config("linear"), 1000)
+
+
+def test_a_packed_batch_steps_as_the_same_pairs_padded_one_a_row():
+    """The reference is the unpacked batch: one pair a row, padded; its loss and update must not change when packed."""
+    pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14]), ([15], [16])]
+    padded = as_arrays(BatchSchedule.assemble([s for s, _ in pairs], [t for _, t in pairs], rows=3, length=4))
+    packed = as_arrays(BatchSchedule.assemble_packed([pairs[:2], pairs[2:]], rows=2, length=8))
+    model = Transformer(TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, dropout_rate=0.0))
+    params = model.init(jax.random.key(0), padded["src"], padded["tgt_in"])["params"]
+    state = step_lib.train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))  # update = -gradient
+    step = jax.jit(lambda s, b: step_lib.train_step(s, b, jax.random.key(1), label_smoothing=0.1))
+    (state_padded, m_padded), (state_packed, m_packed) = step(state, padded), step(state, packed)
+    assert float(m_packed["tokens"]) == float(m_padded["tokens"]) == 9  # 2 + 3 + 1 target tokens, each + EOS
+    for name in ("loss", "nll", "grad_norm"):
+        np.testing.assert_allclose(m_packed[name], m_padded[name], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state_packed.params), jax.tree.leaves(state_padded.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)  # the same gradient
