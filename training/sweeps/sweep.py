@@ -133,7 +133,8 @@ def unfinished(module: ModuleType, seeds: int, results_dir: Path) -> list[Point]
 
 def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) -> dict | None:
     """Train (resuming) and evaluate one point, then store its files under RESULTS_DIR/NAME; a finished
-    point returns its stored result, one that another live process is running returns None."""
+    point returns its stored result, one that another live process is running, or whose training
+    stopped before its last step, returns None (and stores nothing)."""
     module = load_module(config_path)
     out = sweep_dir(results_dir, module)
     result_path = store.point_dir(out, point) / store.RESULT_FILE
@@ -153,6 +154,11 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) 
         if not (run_dir / "spm.model").exists():
             files.write_atomic(run_dir / "spm.model", vocabulary.read_bytes())
         _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
+        trained = max((r["step"] for r in files.read_jsonl(run_dir / "metrics.jsonl") if "split" not in r), default=0)
+        if trained < config.num_train_steps:  # stopped early (SIGTERM, max_train_seconds): not a finished point
+            logging.warning("%s stopped at step %d of %d: not evaluated or stored; a later start resumes it",
+                            run_dir, trained, config.num_train_steps)
+            return None
         result = {"point": point.arg, "value": point.value, "seed": point.seed,
                   **measure(run_dir, module.SWEEP_TEST_SPLIT), **commit}
         if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():

@@ -1,6 +1,7 @@
 """Sweep configs and flags: bad ones are ValueErrors naming the field; the Table 3 sweeps share one preset."""
 
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from configs import ablation_dk, ablation_heads, ablation_kv
-from training.sweeps import sweep
+from training.sweeps import store, sweep
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "tests/training/sweeps/tiny_sweep.py"
@@ -77,3 +78,16 @@ def test_dk_sweep_fixes_d_v():
         with pytest.raises(ValueError, match="dk="):
             ablation_dk.get_config(arg)
     sweep.load_module(ROOT / "configs/ablation_dk.py")  # a valid sweep config
+
+
+@pytest.mark.slow
+def test_a_point_stopped_before_its_last_step_is_not_stored(tmp_path):
+    if not os.environ.get("MULTI30K_DIR"):
+        pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
+    config = tmp_path / "stopped_sweep.py"  # the tiny sweep, with a time budget that ends training after its first step
+    config.write_text(CONFIG.read_text().replace("    return config\n", "    config.max_train_seconds = 1e-6\n    return config\n"))
+    module = sweep.load_module(config)
+    point = sweep.parse_point("h=2", 0, module)
+    assert sweep.run_point(str(config), tmp_path / "runs", point, tmp_path / "results") is None
+    assert not store.is_finished(sweep.sweep_dir(tmp_path / "results", module), point)
+    assert (tmp_path / "runs" / "h2_seed0" / "checkpoints").is_dir()  # a later start resumes from here
