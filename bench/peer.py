@@ -21,6 +21,8 @@ batches x step time. The peer's useful rate is its slot rate x the fill of its p
 count; the peer's script is run with `time.perf_counter` pointed at `time.process_time`.
 MFU: model FLOPs (XLA's count of our step; for the peer, of our step on its all-real [rows, 64]
 shape: the same arithmetic) / step time / the matmul rate measured at the start of the run.
+`--matmul_share` then profiles ours: every dot of the compiled step (at the epoch's most frequent
+shape) timed alone at its own shapes, against the whole step: what the step's other work costs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import jax
 import numpy as np
 
 from bench.timing import median_ms
-from bench.train_step import SIZES, matmul_flops_per_s
+from bench.train_step import SIZES, dot_seconds, matmul_flops_per_s
 from configs import default
 from training import config as config_lib
 from training.data import tokenizer
@@ -103,8 +105,7 @@ class Ours:
                 batches[shape].append(as_arrays(batch))
         self.batches = dict(batches)
         self.flops = {shape: self._flops(b[0]) for shape, b in self.batches.items()}
-        for shape in self.batches:  # compile every shape outside the clock
-            self._run(shape)
+        self.compiled = False
 
     def _flops(self, batch) -> float:
         return self.trainer.step_fn.lower(self.state, self.trainer.put_batch(batch), self.rng).cost_analysis()["flops"]
@@ -116,6 +117,10 @@ class Ours:
 
     def epoch_rates(self, clock: str) -> dict:
         """Useful and slot target tokens/s over an epoch, its mean step seconds, and FLOPs per second."""
+        if not self.compiled:  # compile every shape outside the clock
+            for shape in self.batches:
+                self._run(shape)
+            self.compiled = True
         seconds = {}
         for shape in self.batches:
             calls = iter(range(10**9))
@@ -127,6 +132,15 @@ class Ours:
             step_s=total / sum(self.counts.values()), flop_s=sum(self.counts[s] * self.flops[s] for s in seconds) / total,
             fill=sum(self.useful.values()) / sum(self.slots.values()), shapes=len(seconds),
         )
+
+    def matmul_share(self, clock: str, reps: int = 5) -> dict:
+        """Step seconds at the epoch's most frequent shape, and its dots' seconds each timed alone (bench.train_step.dot_seconds)."""
+        shape = max(self.counts, key=self.counts.get)
+        hlo = self.trainer.step_fn.lower(self.state, self.trainer.put_batch(self.batches[shape][0]), self.rng).compile().as_text()
+        dots_s, dots_flops, dots = dot_seconds(hlo, reps, clock)
+        calls = iter(range(10**9))
+        step_s = median_ms(lambda: self._run(shape, next(calls)), reps, clock=clock, warmup=1) / 1e3
+        return dict(shape=shape, step_s=step_s, dots_s=dots_s, dots=dots, dot_flop_s=dots_flops / dots_s)
 
 
 def peer_flops(ours: Ours, rows: int) -> float:
@@ -174,6 +188,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3, help="our timed steps per bucket shape per round")
     parser.add_argument("--peer_steps", type=int, default=0, help="the peer's timed steps (0: small 10, base 5)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
+    parser.add_argument("--matmul_share", action="store_true", help="after the rounds, profile ours: its dots timed alone vs the step")
     parser.add_argument("--variant", action="append", metavar="LABEL:PATH=VALUE,...",
                         help="our config with these changes (repeatable; default: 'default:', the config as it is)")
     args = parser.parse_args()
@@ -225,6 +240,13 @@ def main():
         each = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
         print(f"| {size} | {v} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
               f"{statistics.median(slot):.2f} ({each(slot)}) |")
+    if args.matmul_share:
+        print("\n| size | ours | dtype | shape | step s | its dots alone, s | dots | dot share | dot GFLOP/s | rest of the step, s |")
+        print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+        for (size, v, d), o in ours.items():
+            p = o.matmul_share(args.clock)
+            print(f"| {size} | {v} | {d} | {p['shape'][0]} x {p['shape'][1]} | {p['step_s']:.3f} | {p['dots_s']:.3f} | {p['dots']} | "
+                  f"{p['dots_s'] / p['step_s']:.0%} | {p['dot_flop_s'] / 1e9:.0f} | {p['step_s'] - p['dots_s']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ test_2016_flickr's German sources in order, each batch padded to the bucket of i
 (as `training.evaluation.translate` pads it), `max_len` = steps. A random model has no reason to
 end its beams (EOS is 1 of 8000 tokens, and stopping early needs 4 ended beams in every row),
 so ours runs every step too; the rows whose best beam holds an EOS are counted to show it.
+The peer pads every source to 64, as the example pads its predict set to max_predict_length;
+`--pad_to 64` pads ours so too (equal work in the encoder and the cross-attention).
 Rounds alternate which side goes first; `--clock cpu` (the default) as bench/peer.py.
 """
 
@@ -42,7 +44,7 @@ from training.evaluation.translate import decoder
 class Ours:
     """Our beam search, compiled for every batch shape of the sources it is given."""
 
-    def __init__(self, dtype: str, vocab, src_ids, batch: int, steps: int, beam: int):
+    def __init__(self, dtype: str, vocab, src_ids, batch: int, steps: int, beam: int, pad_to: int = 0):
         config = default.get_config()
         config.model.update(SIZES["small"][0])
         self.model = config_lib.build_model(config, vocab, dtype)
@@ -52,7 +54,7 @@ class Ours:
         self.batches = []
         for start in range(0, len(src_ids) - batch + 1, batch):
             chunk = src_ids[start : start + batch]
-            length = bucket_length(max(map(len, chunk)), config.data.bucket_lengths)
+            length = pad_to or bucket_length(max(map(len, chunk)), config.data.bucket_lengths)
             self.batches.append(jnp.asarray(BatchSchedule.assemble(chunk, [[] for _ in chunk], batch, length).src))
         out = [np.asarray(self.decode(self.params, src)) for src in self.batches]  # compile every shape
         self.rows_with_eos = sum(int((o == self.model.config.eos_id).any(axis=1).sum()) for o in out)
@@ -88,6 +90,7 @@ def main():
     parser.add_argument("--steps", type=int, default=63, help="decode steps (the peer's max_len - 1)")
     parser.add_argument("--batches", type=int, default=3, help="timed batches a round, each side")
     parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--pad_to", type=int, default=0, help="pad our sources to this length (0: to their bucket, as translate does)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     args = parser.parse_args()
 
@@ -96,11 +99,11 @@ def main():
     vocab = tokenizer.load(tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed))
     test = load_corpus(config, "test_2016_flickr")
     src_ids = vocab.encode(list(test.src[: args.batch * args.batches]))
-    ours = {d: Ours(d, vocab, src_ids, args.batch, args.steps, args.beam) for d in args.dtypes}
+    ours = {d: Ours(d, vocab, src_ids, args.batch, args.steps, args.beam, args.pad_to) for d in args.dtypes}
     print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
     print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}; batch {args.batch}, beam {args.beam}, "
           f"{args.steps} steps; ours: test_2016_flickr sources 1-{len(src_ids)} (mean {np.mean([len(s) for s in src_ids]):.1f} "
-          f"tokens), rows whose best beam holds EOS: " + ", ".join(f"{d} {o.rows_with_eos}/{o.rows}" for d, o in ours.items()))
+          f"tokens, padded to {args.pad_to or 'their bucket'}), rows whose best beam holds EOS: " + ", ".join(f"{d} {o.rows_with_eos}/{o.rows}" for d, o in ours.items()))
     print("\n| round | side | dtype | s a batch | sentences/s | vs peer |")
     print("|---:|---|---|---:|---:|---:|")
     ratios = {d: [] for d in args.dtypes}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,45 @@ def matmul_flops_per_s(dtype, n=2048, reps=5, clock="wall") -> float:
     f = jax.jit(lambda a: a @ a)
     seconds = median_seconds(f, (a,), reps, clock)
     return 2 * n**3 / seconds
+
+
+# An HLO instruction's result: `%name = f32[2,3]{1,0} op(...)` (ROOT or not; fusion parameters included).
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.-]+) = (?P<dtype>\w+)\[(?P<dims>[\d,]*)\]\S* (?P<op>[\w-]+)\((?P<args>[^)]*)\)(?P<attrs>.*)$")
+_DIMS = re.compile(r"(lhs_batch_dims|lhs_contracting_dims|rhs_batch_dims|rhs_contracting_dims)=\{([\d,]*)\}")
+HLO_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+def hlo_dots(hlo: str) -> list[tuple]:
+    """Every `dot` of an optimized HLO module (fused ones too), as (lhs shape, rhs shape, dtypes, dimension numbers)."""
+    shapes, dots = {}, []
+    for line in hlo.splitlines():
+        m = _INSTRUCTION.match(line)
+        if not m:
+            continue
+        shape = tuple(int(d) for d in m["dims"].split(",") if d)
+        shapes[m["name"]] = (shape, m["dtype"])
+        if m["op"] == "dot":
+            lhs, rhs = (a.split()[-1].lstrip("%") for a in m["args"].split(","))
+            dims = {k: tuple(int(d) for d in v.split(",") if d) for k, v in _DIMS.findall(m["attrs"])}
+            numbers = ((dims.get("lhs_contracting_dims", ()), dims.get("rhs_contracting_dims", ())),
+                       (dims.get("lhs_batch_dims", ()), dims.get("rhs_batch_dims", ())))
+            dots.append((shapes[lhs], shapes[rhs], m["dtype"], numbers))
+    return dots
+
+
+def dot_seconds(hlo: str, reps: int = 5, clock: str = "cpu") -> tuple[float, float, int]:
+    """(seconds, FLOPs, count) of the module's dots, each timed alone as one jitted `lax.dot_general` of its shapes."""
+    total_s = total_flops = 0.0
+    dots = hlo_dots(hlo)
+    for (lhs, lhs_dtype), (rhs, rhs_dtype), out_dtype, numbers in set(dots):
+        count = dots.count(((lhs, lhs_dtype), (rhs, rhs_dtype), out_dtype, numbers))
+        a, b = jnp.ones(lhs, HLO_DTYPES[lhs_dtype]), jnp.ones(rhs, HLO_DTYPES[rhs_dtype])
+        f = jax.jit(lambda a, b, n=numbers: jax.lax.dot_general(a, b, n, preferred_element_type=HLO_DTYPES[out_dtype]))
+        total_s += count * median_seconds(f, (a, b), reps, clock)
+        contracted = np.prod([lhs[d] for d in numbers[0][0]])
+        out_size = np.prod(jax.eval_shape(f, a, b).shape)
+        total_flops += count * 2.0 * out_size * contracted
+    return total_s, total_flops, len(dots)
 
 
 def median_seconds(fn, args, reps, clock="wall"):
