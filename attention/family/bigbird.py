@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from attention.family.member import LayerFilled
 from attention.grouped import Options, group_heads, to_grouped
 from attention.impl import blockwise
 
@@ -49,7 +50,7 @@ def schedule(length: int, block: int, pairs: np.ndarray, is_causal: bool) -> blo
     return blockwise.Schedule(block, block, num_blocks, num_blocks, pairs[~partial], pairs[partial])
 
 
-class BigBird(nn.Module):
+class BigBird(LayerFilled):
     """Window + global + random block-sparse attention, computed by block skipping."""
 
     block_size: int = 64  # b: positions per block
@@ -57,9 +58,6 @@ class BigBird(nn.Module):
     global_blocks: int = 1  # g: leading blocks that are global
     random_blocks: int = 2  # r: random key blocks per query block
     seed: int = 0  # the random blocks' draw
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):

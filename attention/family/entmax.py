@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from attention.family.member import grouped_queries
+from attention.family.member import LayerFilled, grouped_queries
 
 Array = Any
 _ALPHA_MIN = 1.0 + 1e-3  # α is clipped here: at α = 1 the closed form divides by α − 1
@@ -85,14 +85,11 @@ def _entmax_bwd(iterations, residuals, dp):
 _entmax.defvjp(_entmax_fwd, _entmax_bwd)
 
 
-class Entmax(nn.Module):
+class Entmax(LayerFilled):
     """Attention whose weights are α-entmax of the scaled logits, α = 1 + sigmoid(alpha_logit) per head."""
 
     alpha_init: float = 1.5  # every head's initial α, in (1, 2)
     iterations: int = 30  # bisection steps for τ
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):

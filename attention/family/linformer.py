@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from attention.core import attend
-from attention.family.member import key_padding, require_positive_ints
+from attention.family.member import LayerFilled, key_padding, require_positive_ints
 
 Array = Any
 
@@ -29,16 +29,13 @@ def _uniform_init(k):
     return lambda key, shape, dtype=jnp.float32: nn.initializers.uniform(2 * bound)(key, shape, dtype) - bound
 
 
-class Linformer(nn.Module):
+class Linformer(LayerFilled):
     """Low-rank attention: keys and values projected along the sequence to `projected_length` rows."""
 
     max_length: int = 256  # n: the longest key sequence (E and F have n columns)
     projected_length: int = 64  # k: rows of E K and F V
     share_kv: bool = False  # one projection E for keys and values (else E and F)
     impl: str = "vmap"
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.family.member import key_padding, require_positive_ints
+from attention.family.member import LayerFilled, key_padding, require_positive_ints
 
 Array = Any
 _SELF = -1e5  # Reformer's logit for a query's own key
@@ -33,16 +33,13 @@ def hash_buckets(x: Array, rotations: Array) -> Array:
     return jnp.argmax(jnp.concatenate([rotated, -rotated], axis=-1), axis=-1).astype(jnp.int32)
 
 
-class LSH(nn.Module):
+class LSH(LayerFilled):
     """Shared-QK attention within LSH buckets, sorted and chunked, over `num_hashes` rounds."""
 
     num_buckets: int = 8  # buckets per round (even; 1: one bucket, exact shared-QK attention per chunk pair)
     chunk_length: int = 64  # c: queries per chunk
     num_hashes: int = 2  # rounds of hashing
     mask_self: bool = True  # a query attends itself only if no other key is left
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):

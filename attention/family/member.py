@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax.numpy as jnp
 
 Array = Any
@@ -31,6 +32,14 @@ class Member(NamedTuple):
     grouped: bool = True  # num_kv_heads < num_heads (GQA/MQA) is meaningful
     projects: bool = False  # makes q/k/v itself from the inputs (the layer's projections unused)
     shared_qk: bool = False  # keys are the queries (no key projection)
+
+
+class LayerFilled(nn.Module):
+    """Base of every member module: the numeric settings its layer passes on (see LAYER_FIELDS), declared once."""
+
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
 
 
 def options_of(module: type) -> tuple[str, ...]:

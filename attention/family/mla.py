@@ -23,13 +23,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention.core import attend
+from attention.family.member import LayerFilled
 from attention.head import softmax
 from attention.masks import and_masks, as_bool_mask
 
 Array = Any
 
 
-class MLA(nn.Module):
+class MLA(LayerFilled):
     """Attention over a shared low-rank KV latent of width `latent_dim`, with a latent decode cache."""
 
     num_heads: int = 1  # set by the layer
@@ -40,9 +41,6 @@ class MLA(nn.Module):
     impl: str = "vmap"
     decode: bool = False
     kernel_init: Any = nn.linear.default_kernel_init
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, inputs_q, inputs_kv, *, mask=None, is_causal=False):

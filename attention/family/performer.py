@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.family.member import grouped_queries, key_padding, require_positive_ints
+from attention.family.member import LayerFilled, grouped_queries, key_padding, require_positive_ints
 
 Array = Any
 _TINY = 1e-30  # below it a denominator counts as 0: that query (features all underflowed, or padding) outputs 0
@@ -97,14 +97,12 @@ def causal(phi_q: Array, phi_k: Array, value: Array, state: tuple[Array, Array],
     return out, state
 
 
-class Performer(nn.Module):
+class Performer(LayerFilled):
     """FAVOR+ attention with `num_features` positive orthogonal random features; causal by prefix sums."""
 
     num_features: int | None = None  # m (None: round(d_k ln d_k), the paper's choice)
     chunk_length: int = 128  # causal: keys per chunk of the prefix-sum scan
     decode: bool = False
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):

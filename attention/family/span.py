@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from attention.core import attend
-from attention.family.member import require_positive_ints
+from attention.family.member import LayerFilled, require_positive_ints
 
 Array = Any
 
@@ -31,16 +31,13 @@ def soft_mask(distance: Array, span: Array, ramp: float) -> Array:
     return jnp.clip((ramp + span - distance) / ramp, 0.0, 1.0)
 
 
-class Span(nn.Module):
+class Span(LayerFilled):
     """Softmax attention under a learnable soft span per head."""
 
     max_span: int = 256  # S: the longest span a head can learn
     ramp: int = 32  # R: width of the soft mask's ramp
     span_init: float = 1.0  # initial span as a fraction of S (1: every head starts at S)
     impl: str = "vmap"
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    precision: Any = None
 
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
