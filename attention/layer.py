@@ -9,7 +9,6 @@ Flax's class name, so that an unnamed submodule keeps Flax's automatic parameter
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import warnings
@@ -190,31 +189,18 @@ class MultiHeadAttention(nn.Module):
     def _family_attention(self, spec, options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
         name = self.attention_type
-        is_self = inputs_k is inputs_q and inputs_v is inputs_q
         causal = is_causal or self.decode
-        problems = [
-            (self.attention_fn is not None, "attention_fn", "None (a user attention_fn replaces softmax only)"),
-            (self.dropout_rate > 0.0, "dropout_rate", "0.0 (the family members have no attention dropout)"),
-            (sow_weights, "sow_weights", "False (the family members expose no weights)"),
-            (not spec.cross and not is_self, "inputs_k", "None: self-attention only"),
-            (causal and not spec.causal, "is_causal", "False: the member cannot be causal (nor decode)"),
-            (self.decode and spec.decode is None, "decode", "False: the member has no decoding"),
-            (not spec.grouped and geometry.num_kv_heads != geometry.num_heads, "num_kv_heads",
-             f"None or num_heads ({geometry.num_heads}): the member has no GQA/MQA"),
-            ((spec.projects or spec.shared_qk) and self.fused_qkv, "fused_qkv", "False: the member projects differently"),
-            (spec.projects and self.normalize_qk, "normalize_qk", "False: the member makes its own q/k"),
-            (spec.projects and inputs_v is not inputs_k, "inputs_v", "None or inputs_k: keys and values share a latent"),
-        ]
-        for bad, field, expected in problems:
-            if bad:
-                raise ValueError(f"{type(self).__name__}.{field} with attention_type={name!r}; expected {expected}")
-        layer_values = dict(
-            dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision, impl=self.impl,
-            decode=self.decode, kernel_init=self.kernel_init, use_bias=self.use_bias,
+        family.check_call(
+            type(self).__name__, name, geometry, is_self=inputs_k is inputs_q and inputs_v is inputs_q,
+            values_are_keys=inputs_v is inputs_k, causal=causal, decode=self.decode,
+            attention_fn=self.attention_fn, dropout_rate=self.dropout_rate, sow_weights=sow_weights,
+            fused_qkv=self.fused_qkv, normalize_qk=self.normalize_qk,
+        )
+        module = family.instantiate(
+            name, options, dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+            impl=self.impl, decode=self.decode, kernel_init=self.kernel_init, use_bias=self.use_bias,
             num_heads=geometry.num_heads, head_dim=geometry.head_dim, v_head_dim=geometry.v_head_dim,
         )
-        fields = {f.name for f in dataclasses.fields(spec.module)}
-        module = spec.module(**{k: v for k, v in layer_values.items() if k in fields}, **options, name=name)
         batch, Lq = inputs_q.shape[:-2], inputs_q.shape[-2]
         flat = lambda x: x.reshape(-1, *x.shape[len(batch):])
         if spec.projects:

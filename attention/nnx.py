@@ -3,8 +3,9 @@
 The same constructor, call signature, `init_cache` / `set_view` and `nnx.Param` paths and
 shapes as Flax's (0.12), so Flax NNX code and checkpoints run unchanged; the attention itself
 is `attention.attend`, the function the Linen layer (`attention.layer`) calls. On top:
-`impl`, `block_sizes`, `fused_qkv`, `v_head_dim`, a `head_mask` call argument, and a decode
-cache (`attention.cache`) that takes a multi-token prompt in one call, keeps one position
+`impl`, `block_sizes`, `fused_qkv`, `v_head_dim`, the attention family's `attention_type`
+(its Linen member wrapped by `nnx.bridge.ToNNX`, under the Linen layer's parameter paths), a
+`head_mask` call argument, and a decode cache (`attention.cache`) that takes a multi-token prompt in one call, keeps one position
 per sequence (`cache_index [batch...]`, so prompts of different lengths decode together)
 and masks causally at every step, as the full pass does.
 """
@@ -12,10 +13,12 @@ and masks causally at every step, as the full pass does.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.module import first_from
@@ -23,9 +26,10 @@ from flax.nnx.nn import dtypes, initializers
 from flax.nnx.nn.linear import default_kernel_init
 from jax import lax
 
-from attention import cache
+from attention import cache, family
 from attention.core import IMPLS, attend
 from attention.geometry import HeadGeometry
+from attention.grouped import flatten_batch
 from attention.masks import and_masks, as_bool_mask, head_multiplier
 
 Array = Any
@@ -42,6 +46,10 @@ class MultiHeadAttention(nnx.Module):
       fused_qkv: one `qkv` kernel `[in_features, H + 2G, d_k]`; self-attention only.
       v_head_dim: value width per head d_v (default d_k): value kernel `[in_kv, G, d_v]`,
         out kernel `[H, d_v, out_features]`.
+      attention_type, attention_options: a member of `attention.family.ATTENTION_TYPES` and
+        its hyper-parameters, as on the Linen layer; its parameters live under its name (e.g.
+        `performer/random_features`), and the projections it does not use are not made (MLA
+        makes its own q/k/v, LSH has no key).
 
     Decoding: `init_cache(input_shape)` (or `nnx.view(layer, decode=True, batch_size=...,
     max_length=...)`) allocates `cached_key [batch..., G, max_length, d_k]`,
@@ -49,7 +57,10 @@ class MultiHeadAttention(nnx.Module):
     with `decode=True` appends its L_new >= 1 tokens at each sequence's index and attends
     causally (`is_causal` is implied); `lengths [batch...]` says how many of them are real
     per sequence (a right-padded batch of prompts), and each index advances by its length.
-    Positions past `max_length` are dropped, not checked, inside `jit`.
+    Positions past `max_length` are dropped, not checked, inside `jit`. Members that decode
+    over this cache (entmax, span) keep its per-sequence positions; those with their own state
+    (performer, mla) allocate it in `init_cache` / `set_view` (batch axes flattened) and decode
+    in that mode only, every sequence at one position (no `lengths`).
     """
 
     def __init__(
@@ -94,6 +105,8 @@ class MultiHeadAttention(nnx.Module):
         block_sizes: tuple[int, int] | None = None,
         fused_qkv: bool = False,
         v_head_dim: int | None = None,
+        attention_type: str = "softmax",
+        attention_options: Mapping[str, Any] | None = None,
     ):
         owner = f"{type(self).__name__}."
         _check_features(owner, in_features=in_features, qkv_features=qkv_features,
@@ -134,6 +147,10 @@ class MultiHeadAttention(nnx.Module):
         self.impl = impl
         self.block_sizes = block_sizes
         self.fused_qkv = fused_qkv
+        options = family.check_options(attention_type, attention_options)  # checks the name too
+        spec = family.member(attention_type)
+        self.attention_type = attention_type
+        self.attention_options = MappingProxyType(options)
 
         # created in Flax's order (query, key, value, norms, out, dropout stream): the same
         # rngs give the same parameters
@@ -144,12 +161,28 @@ class MultiHeadAttention(nnx.Module):
             kernel_metadata=kernel_metadata, bias_metadata=bias_metadata, rngs=rngs,
         )
         H, G, d_k, d_v = num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
+        if spec is not None:  # what can be refused before a call is refused here
+            family.check_call(
+                type(self).__name__, attention_type, geometry, is_self=True, values_are_keys=True, causal=False,
+                decode=bool(decode), attention_fn=attention_fn, dropout_rate=dropout_rate, sow_weights=False,
+                fused_qkv=fused_qkv, normalize_qk=normalize_qk,
+            )
+        projects, shared_qk = spec is not None and spec.projects, spec is not None and spec.shared_qk
         if fused_qkv:
             self.qkv = linear(in_features, out_features=(H + 2 * G, d_k))
-        else:
+        elif not projects:
             self.query = linear(in_features, out_features=(H, d_k))
-            self.key = linear(self.in_kv_features, out_features=(G, d_k))
+            if not shared_qk:
+                self.key = linear(self.in_kv_features, out_features=(G, d_k))
             self.value = linear(self.in_kv_features, out_features=(G, d_v))
+        if spec is not None:
+            member = family.instantiate(
+                attention_type, options, dtype=dtype, param_dtype=param_dtype, precision=precision, impl=impl,
+                decode=False, kernel_init=kernel_init, use_bias=use_bias, num_heads=H, head_dim=d_k, v_head_dim=d_v,
+            )
+            wrapped = nnx.bridge.ToNNX(member)
+            nnx.bridge.lazy_init(wrapped, *self._member_inputs(spec, (1,), 1), rngs=rngs.params())
+            setattr(self, attention_type, wrapped)
         self.query_ln: nnx.LayerNorm | None
         self.key_ln: nnx.LayerNorm | None
         if normalize_qk:
@@ -215,13 +248,20 @@ class MultiHeadAttention(nnx.Module):
                 f"inputs_q has {inputs_q.shape[-1]} features (shape {inputs_q.shape}); "
                 f"the layer expects in_features = {self.in_features}"
             )
+        decode = bool(decode if decode is not None else self.decode)
+        if self.attention_type != "softmax":
+            if input_positions is not None:
+                raise ValueError(f"input_positions is forwarded to attention_fn, which attention_type="
+                                 f"{self.attention_type!r} does not take; leave it None")
+            x = self._family_attention(inputs_q, inputs_k, inputs_v, mask, is_causal, decode, lengths, sow_weights,
+                                       qkv_sharding)
+            return self._output(x, head_mask, out_sharding)
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, qkv_sharding)
         if self.normalize_qk:
             query, key = self.query_ln(query), self.key_ln(key)
 
-        decode = bool(decode if decode is not None else self.decode)
         if decode:
-            key, value, mask = self._use_cache(query, key, value, mask, lengths)
+            key, value, mask, _ = self._use_cache(query, key, value, mask, lengths)
             is_causal = False  # the cache mask is causal, at each sequence's offset
         elif lengths is not None:
             raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
@@ -257,12 +297,70 @@ class MultiHeadAttention(nnx.Module):
                     "set an attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)"
                 )
             x = self._attend(query, key, value, mask, is_causal, dropout_rng, deterministic, sow_weights)
+        return self._output(x, head_mask, out_sharding)
+
+    def _output(self, x, head_mask, sharding):
+        """Heads `[batch..., Lq, H, d_v]`, gated by `head_mask`, through W^O."""
         if head_mask is not None:
             x = x * head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
-        return self.out(x, out_sharding=out_sharding)
+        return self.out(x, out_sharding=sharding)
 
-    def _project(self, inputs_q, inputs_k, inputs_v, sharding):
-        """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]`, v `[batch..., Lk, G, d_v]`."""
+    def _family_attention(self, inputs_q, inputs_k, inputs_v, mask, is_causal, decode, lengths, sow_weights, sharding):
+        """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
+        name, causal = self.attention_type, is_causal or decode
+        geometry = HeadGeometry(self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim)
+        spec = family.check_call(
+            type(self).__name__, name, geometry, is_self=inputs_k is inputs_q and inputs_v is inputs_q,
+            values_are_keys=inputs_v is inputs_k, causal=causal, decode=decode, attention_fn=self.attention_fn,
+            dropout_rate=self.dropout_rate, sow_weights=sow_weights, fused_qkv=self.fused_qkv,
+            normalize_qk=self.normalize_qk,
+        )
+        member = getattr(self, name)
+        mutable = False
+        if decode and spec.decode == "state":
+            if not member.to_nnx__module.decode:
+                raise ValueError(
+                    f"decode=True with attention_type={name!r} needs the member's state: call "
+                    "init_cache(input_shape) or nnx.view(layer, decode=True, batch_size=..., max_length=...) first"
+                )
+            if lengths is not None:
+                raise ValueError(f"lengths with attention_type={name!r}: its decode state keeps one position for "
+                                 "the whole batch; leave lengths None (per-sequence lengths need a KV-cache member)")
+            mutable = ["cache"]
+        elif not decode and spec.decode == "state" and member.to_nnx__module.decode:
+            raise ValueError(f"decode=False with attention_type={name!r} after init_cache / set_view(decode=True): "
+                             "the member is in decoding mode; run the full pass on a layer without the decode view")
+        elif lengths is not None and not decode:
+            raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
+        batch, Lq = inputs_q.shape[:-2], inputs_q.shape[-2]
+        flat = lambda x: x.reshape(-1, *x.shape[len(batch):])
+        if spec.projects:
+            if not decode:
+                mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, inputs_k.shape[-2])), batch)
+            x = member(flat(inputs_q), flat(inputs_k), mask=mask, is_causal=causal, mutable=mutable)
+        else:
+            query, key, value = self._project(inputs_q, inputs_k, inputs_v, sharding, shared_qk=spec.shared_qk)
+            if self.normalize_qk:
+                query, key = self.query_ln(query), self.key_ln(key)
+            offset = 0
+            if decode and spec.decode == "kv_cache":
+                key, value, mask, offset = self._use_cache(query, key, value, mask, lengths)
+                offset = offset.reshape(-1)  # each sequence's first new position
+            mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, key.shape[-3])), batch)
+            x = member(flat(query), flat(key), flat(value), mask=mask, is_causal=causal, query_offset=offset,
+                       mutable=mutable)  # ToNNX keeps the updated state and returns the output
+        return x.reshape(*batch, *x.shape[1:])
+
+    def _member_inputs(self, spec, batch, length):
+        """Zero inputs `[B, length, ...]` of the member's call (B = prod(batch)): what its Linen init needs."""
+        B, H, G = math.prod(batch), self.num_heads, self.num_kv_heads
+        if spec.projects:
+            return jnp.zeros((B, length, self.in_features)), jnp.zeros((B, length, self.in_kv_features))
+        return (jnp.zeros((B, length, H, self.head_dim)), jnp.zeros((B, length, G, self.head_dim)),
+                jnp.zeros((B, length, G, self.v_head_dim)))
+
+    def _project(self, inputs_q, inputs_k, inputs_v, sharding, shared_qk=False):
+        """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q when `shared_qk`), v `[batch..., Lk, G, d_v]`."""
         if self.fused_qkv:
             if not (inputs_k is inputs_q and inputs_v is inputs_q):
                 raise ValueError(
@@ -272,11 +370,9 @@ class MultiHeadAttention(nnx.Module):
             qkv = self.qkv(inputs_q, out_sharding=sharding)
             H, G = self.num_heads, self.num_kv_heads
             return jnp.split(qkv, [H, H + G], axis=-2)
-        return (
-            self.query(inputs_q, out_sharding=sharding),
-            self.key(inputs_k, out_sharding=sharding),
-            self.value(inputs_v, out_sharding=sharding),
-        )
+        query = self.query(inputs_q, out_sharding=sharding)
+        key = query if shared_qk else self.key(inputs_k, out_sharding=sharding)
+        return query, key, self.value(inputs_v, out_sharding=sharding)
 
     def _attend(self, query, key, value, mask, is_causal, dropout_rng, deterministic, sow_weights):
         impl = "vmap" if sow_weights and self.impl == "auto" else self.impl
@@ -296,7 +392,7 @@ class MultiHeadAttention(nnx.Module):
         return x
 
     def _use_cache(self, query, key, value, mask, lengths):
-        """Write k/v at each sequence's index; return the whole cache (caller layout) and the mask."""
+        """Write k/v at each sequence's index; return the whole cache (caller layout), the mask and the old index."""
         if self.cached_key is None or self.cached_value is None or self.cache_index is None:
             raise ValueError(
                 "decode=True needs the cache: call init_cache(input_shape) or "
@@ -327,7 +423,7 @@ class MultiHeadAttention(nnx.Module):
         self.cache_index[...] = index + advance
         to_caller = lambda x: jnp.swapaxes(x, -3, -2)
         mask = and_masks(mask, cache.causal_mask(index, new_length, max_length))
-        return to_caller(self.cached_key[...]), to_caller(self.cached_value[...]), mask
+        return to_caller(self.cached_key[...]), to_caller(self.cached_value[...]), mask, index
 
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
         """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
@@ -349,7 +445,7 @@ class MultiHeadAttention(nnx.Module):
             self.deterministic = deterministic
         if decode is not None:
             self.decode = decode
-            if decode and (self.cached_key is None or batch_size is not None or max_length is not None):
+            if decode and (not self._has_cache() or batch_size is not None or max_length is not None):
                 if batch_size is None or max_length is None:
                     raise ValueError(
                         f"set_view(decode=True) allocates the cache and needs batch_size and "
@@ -358,12 +454,27 @@ class MultiHeadAttention(nnx.Module):
                 batch = (batch_size,) if isinstance(batch_size, int) else tuple(batch_size)
                 self._allocate(batch, max_length, self.dtype)
 
+    def _has_cache(self):
+        if family.member(self.attention_type) is not None and family.member(self.attention_type).decode == "state":
+            return getattr(self, self.attention_type).to_nnx__module.decode
+        return self.cached_key is not None
+
     def _allocate(self, batch, max_length, dtype):
         if not all(isinstance(b, int) and b > 0 for b in batch) or not (isinstance(max_length, int) and max_length > 0):
             raise ValueError(
                 f"the cache needs positive int batch sizes and max_length, got batch {batch}, "
                 f"max_length {max_length!r}"
             )
+        spec = family.member(self.attention_type)
+        if spec is not None and spec.decode == "state":  # the member's own state, from its Linen init
+            member = getattr(self, self.attention_type)
+            module = member.to_nnx__module.clone(decode=True)
+            inputs = self._member_inputs(spec, batch, max_length)
+            state = jax.eval_shape(lambda: module.init(jax.random.key(0), *inputs)["cache"])
+            for name, leaf in state.items():
+                setattr(member, name, nnx.Cache(jnp.zeros(leaf.shape, leaf.dtype)))
+            member.to_nnx__module = module
+            return
         G = self.num_kv_heads
         self.cached_key = nnx.Cache(jnp.zeros((*batch, G, max_length, self.head_dim), dtype))
         self.cached_value = nnx.Cache(jnp.zeros((*batch, G, max_length, self.v_head_dim), dtype))

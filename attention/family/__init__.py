@@ -17,6 +17,8 @@ module, `options_of`). "softmax" is the layer's own exact attention (every `impl
 
 from __future__ import annotations
 
+import dataclasses
+
 from attention.family.bigbird import BigBird
 from attention.family.entmax import Entmax
 from attention.family.linformer import Linformer
@@ -59,6 +61,40 @@ def check_options(attention_type: str, options) -> dict:
     return options
 
 
+def check_call(owner: str, attention_type: str, geometry, *, is_self: bool, values_are_keys: bool, causal: bool,
+               decode: bool, attention_fn, dropout_rate: float, sow_weights: bool, fused_qkv: bool,
+               normalize_qk: bool) -> Member:
+    """The member named `attention_type`, once the layer's settings and this call are checked against it.
+
+    `owner` names the layer class in the ValueError; `values_are_keys`: inputs_v is inputs_k.
+    """
+    spec = member(attention_type)
+    problems = [
+        (attention_fn is not None, "attention_fn", "None (a user attention_fn replaces softmax only)"),
+        (dropout_rate > 0.0, "dropout_rate", "0.0 (the family members have no attention dropout)"),
+        (sow_weights, "sow_weights", "False (the family members expose no weights)"),
+        (not spec.cross and not is_self, "inputs_k", "None: self-attention only"),
+        (causal and not spec.causal, "is_causal", "False: the member cannot be causal (nor decode)"),
+        (decode and spec.decode is None, "decode", "False: the member has no decoding"),
+        (not spec.grouped and geometry.num_kv_heads != geometry.num_heads, "num_kv_heads",
+         f"None or num_heads ({geometry.num_heads}): the member has no GQA/MQA"),
+        ((spec.projects or spec.shared_qk) and fused_qkv, "fused_qkv", "False: the member projects differently"),
+        (spec.projects and normalize_qk, "normalize_qk", "False: the member makes its own q/k"),
+        (spec.projects and not values_are_keys, "inputs_v", "None or inputs_k: keys and values share a latent"),
+    ]
+    for bad, field, expected in problems:
+        if bad:
+            raise ValueError(f"{owner}.{field} with attention_type={attention_type!r}; expected {expected}")
+    return spec
+
+
+def instantiate(attention_type: str, options: dict, **layer_values):
+    """The member's Linen module, named `attention_type`, with `options` and the layer values its fields take."""
+    module = member(attention_type).module
+    fields = {f.name for f in dataclasses.fields(module)}
+    return module(**{k: v for k, v in layer_values.items() if k in fields}, **options, name=attention_type)
+
+
 def supports(attention_type: str, *, causal: bool = False, cross: bool = False, decode: bool = False) -> bool:
     """Whether the member can serve an attention sublayer with these needs ("softmax" serves all)."""
     spec = member(attention_type)
@@ -82,6 +118,6 @@ def cache_elements_per_token(attention_type: str, geometry, options=None) -> int
 
 
 __all__ = [
-    "ATTENTION_TYPES", "Member", "cache_elements_per_token", "check_options", "key_padding", "member",
-    "options_of", "supports",
+    "ATTENTION_TYPES", "Member", "cache_elements_per_token", "check_call", "check_options", "instantiate",
+    "key_padding", "member", "options_of", "supports",
 ]

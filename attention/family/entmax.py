@@ -120,9 +120,9 @@ def _allowed(mask, is_causal, query_offset, G, Lq, Lk):
         Bm, Hm = mask.shape[:2]
         groups = (G, Hm // G) if Hm != 1 else (1, 1)
         parts.append(mask.reshape(Bm, *groups, *mask.shape[2:]))
-    if is_causal:
-        q_pos = query_offset + jnp.arange(Lq)[:, None]
-        parts.append((jnp.arange(Lk)[None, :] <= q_pos)[None, None, None])
+    if is_causal:  # query_offset: an int or one per sequence, [B]
+        q_pos = jnp.reshape(query_offset, (-1, 1, 1)) + jnp.arange(Lq)[None, :, None]
+        parts.append((jnp.arange(Lk)[None, None, :] <= q_pos)[:, None, None])
     if not parts:
         return None
     allowed = parts[0] if len(parts) == 1 else parts[0] & parts[1]

@@ -6,8 +6,8 @@ A member is a Linen module called by `attention.MultiHeadAttention` (attribute
     member(query [B, Lq, H, d_k], key [B, Lk, G, d_k], value [B, Lk, G, d_v], *,
            mask [B|1, H|1, Lq|1, Lk|1] bool or None, is_causal, query_offset) -> [B, Lq, H, d_v]
 
-`query_offset` is the absolute position of the first query (non-zero only when decoding over
-the layer's KV cache). A member that `projects` (MLA) builds its own heads from the inputs
+`query_offset` is the absolute position of the first query, an int or one per sequence `[B]`
+(non-zero only when decoding over the layer's KV cache; the NNX layer keeps a position per sequence). A member that `projects` (MLA) builds its own heads from the inputs
 instead. `Member` records what the layer must check or provide before calling it.
 """
 

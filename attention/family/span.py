@@ -48,8 +48,9 @@ class Span(LayerFilled):
         (B, Lq, H, _), Lk = query.shape, key.shape[1]
         fraction = self.param("span", nn.initializers.constant(self.span_init), (H,), self.param_dtype)
         z = self.max_span * jnp.clip(fraction.astype(jnp.float32), 0.0, 1.0).reshape(1, H, 1, 1)
-        distance = (query_offset + jnp.arange(Lq))[:, None] - jnp.arange(Lk)[None, :]
-        distance = (distance if is_causal else jnp.abs(distance)).astype(jnp.float32)[None, None]
+        # query_offset: an int or one per sequence, [B]; distance [B|1, 1, Lq, Lk]
+        distance = jnp.reshape(query_offset, (-1, 1, 1)) + jnp.arange(Lq)[None, :, None] - jnp.arange(Lk)[None, None, :]
+        distance = (distance if is_causal else jnp.abs(distance)).astype(jnp.float32)[:, None]
         m = soft_mask(distance, z, float(self.ramp))
         reach = self.max_span + self.ramp - 1  # m = 0 beyond it, whatever z
         window = (reach, 0 if is_causal else reach) if isinstance(query_offset, int) and query_offset == 0 else None
