@@ -41,6 +41,11 @@ class MultiHeadAttention(nn.Module):
       fused_qkv: project q, k and v with one `[D, H + 2G, Dk]` GEMM (`qkv` parameter);
         self-attention only.
       out_kernel_init: init of W^O, e.g. scaled down with depth (GPT-2 style).
+      cache_cross_kv: keep the projected keys/values in the `cache` collection and reuse them on
+        later calls, skipping the key/value projections: cross-attention decoding, where the
+        source does not change between steps. The first `apply` with a mutable `cache` that
+        holds none stores them (not `init`, whose inputs are placeholders); later calls'
+        `inputs_k`/`inputs_v` are then not read.
       attention_type: "softmax" (this layer's exact attention, every `impl`) or a member of
         `attention.family.ATTENTION_TYPES`, whose parameters live under its name; the layer
         keeps its projections and W^O (MLA makes its own q/k/v). `attention_options`: the
@@ -90,6 +95,7 @@ class MultiHeadAttention(nn.Module):
     fused_qkv: bool = False
     block_sizes: tuple[int, int] | None = None
     v_head_dim: int | None = None
+    cache_cross_kv: bool = False
     attention_type: str = "softmax"
     attention_options: Mapping[str, Any] | None = None
 
@@ -265,11 +271,21 @@ class MultiHeadAttention(nn.Module):
             qkv = dense(features=(H + 2 * G, d_k), name="qkv")(inputs_q)
             return jnp.split(qkv, [H, H + G], axis=-2)
         query = dense(features=(H, d_k), name="query")(inputs_q)
-        return (
-            query,
+        project_kv = lambda: (  # noqa: E731
             query if shared_qk else dense(features=(G, d_k), name="key")(inputs_k),
             dense(features=(G, geometry.v_head_dim), name="value")(inputs_v),
         )
+        return query, *(self._cross_kv(project_kv) if self.cache_cross_kv else project_kv())
+
+    def _cross_kv(self, project_kv):
+        """(key, value) read from the cache, or projected, and stored if the cache is being filled (`cache_cross_kv`)."""
+        if self.has_variable("cache", "cross_key"):
+            return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        key, value = project_kv()
+        if self.is_mutable_collection("cache") and not self.is_initializing():
+            self.put_variable("cache", "cross_key", key)
+            self.put_variable("cache", "cross_value", value)
+        return key, value
 
     def _use_cache(self, query, key, value, mask):
         """Append key/value to the cache; return (keys, values, mask, cached).

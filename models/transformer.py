@@ -7,7 +7,9 @@ Decoding with the cache (`Transformer.decode(..., decode=True)`): the decoder's 
 layers keep their keys/values in the `cache` collection, and the decoder keeps a `position`
 counter there too, so the token(s) fed in a call are embedded at their absolute positions
 (`position`, `position + 1`, ...). A call that finds no cache (an `init`, or an `apply` with
-`mutable=['cache']` on params only) creates it, sized by the target length it is given.
+`mutable=['cache']` on params only) creates it, sized by the target length it is given; the
+`apply` (`models.init_cache`) also stores each cross-attention's projected source keys/values
+there, which later steps read instead of projecting the source again (`cache_cross_kv`).
 
 Packed rows (several sentence pairs in one row, as `training.data.batching` packs them): the
 training call takes segment ids (pair k of a row is segment k on both sides, 0 is padding) and
@@ -192,6 +194,9 @@ def _out_kernel_init(config):
 def _attention(layer, train, name, decode=False, causal=False, cross=False):
     """`layer`'s attention sublayer `name`, called with the hooks the `apply` provides.
 
+    `decode`: the self-attention appends to its KV cache, the cross-attention (`cross`) reuses
+    the source's projected keys/values from the cache.
+
     Reads its head gates from the `head_mask` collection (None when absent) and records its
     weights when `intermediates` is mutable (not in `init`, which would store them). It runs
     `config.attention_type` if that member supports what the sublayer needs (`causal`: the
@@ -204,7 +209,8 @@ def _attention(layer, train, name, decode=False, causal=False, cross=False):
     module = attention.MultiHeadAttention(
         num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
         v_head_dim=config.v_head_dim,
-        dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode,
+        dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode and not cross,
+        cache_cross_kv=decode and cross,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
         qkv_dot_general=config.dot_general, out_dot_general=config.dot_general,
         dtype=config.dtype, param_dtype=config.param_dtype, attention_type=attention_type,
@@ -280,7 +286,7 @@ class DecoderLayer(nn.Module):
         """
         cfg = self.config
         self_attention = _attention(self, train, "self_attention", decode=decode, causal=True)
-        cross_attention = _attention(self, train, "cross_attention", cross=True)
+        cross_attention = _attention(self, train, "cross_attention", decode=decode, cross=True)
         y = _residual(cfg, lambda h: self_attention(h, mask=self_mask, is_causal=True), y, train, "ln_self")
         y = _residual(cfg, lambda h: cross_attention(h, encoded, mask=src_mask), y, train, "ln_cross")
         return _residual(cfg, MlpBlock(cfg, name="mlp"), y, train, "ln_mlp")

@@ -343,3 +343,22 @@ def test_bad_value_head_dims_raise(kwargs, message):
     layer = attention.MultiHeadAttention(num_heads=4, **{"v_head_dim": 8, **kwargs})
     with pytest.raises(ValueError, match=message):
         layer.init(KEY, inputs())
+
+
+def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them():
+    x, source, other = inputs((2, 3, 16)), inputs((2, 5, 16), seed=1), inputs((2, 5, 16), seed=2)
+    cross = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, cache_cross_kv=True)
+    variables = cross.init(KEY, x, source)
+    assert "cache" not in variables  # init's inputs are placeholders: nothing is kept
+    params = variables["params"]
+    plain = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2)
+    first, state = cross.apply({"params": params}, x, source, mutable=["cache"])
+    cache = state["cache"]
+    for name in ("key", "value"):  # x W + b, in NumPy
+        p = params[name]
+        want = np.einsum("bld,dgk->blgk", np.asarray(source), np.asarray(p["kernel"])) + np.asarray(p["bias"])
+        np.testing.assert_allclose(cache[f"cross_{name}"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(first, plain.apply({"params": params}, x, source), atol=1e-6)
+    # a later step reads the cache: another source is not read, the first one's answer comes back
+    later = cross.apply({"params": params, "cache": cache}, x, other)
+    np.testing.assert_allclose(later, plain.apply({"params": params}, x, source), atol=1e-6)
