@@ -10,7 +10,8 @@ and under `jax.jit` over `nnx.split`'s state (the layer without any per-call gra
 one decode step (batch 8, d_model 512, 8 heads, 2 KV heads, cache 1024 about half full,
 one new token per sequence, cache donated: the NNX step is `jax.jit` over `nnx.split`/`nnx.merge`
 with the `nnx.Cache` state donated, since `nnx.jit(donate_argnums=...)` would donate the
-parameters too). Both layers are built on `attention.attend`; the
+parameters too); and the same step under `nnx.jit` over the layer itself, neither side donating
+its cache. Both layers are built on `attention.attend`; the
 ratio (NNX / Linen) shows what `nnx.jit`'s graph handling adds per call. Rounds alternate
 NNX and Linen; each entry is the median over rounds of the per-round median times (CPU time
 of this process per call; `--clock wall` for wall-clock).
@@ -65,11 +66,14 @@ def train_pair(batch=4, length=256, width=256, mode="graph"):
     return lambda: jax.block_until_ready(jitted(layer, x)), linen_fn
 
 
-def decode_pair(batch=8, length=1024, width=512, pure=False):
+def decode_pair(batch=8, length=1024, width=512, pure=False, graph=None):
     """(nnx_fn, linen_fn): one jitted, cache-donated decode step each, cache index from length // 2 on (a few dozen steps).
 
     `pure`: the NNX cache crosses the jit boundary as a plain dict (`nnx.to_pure_dict`) instead
     of an `nnx.State`, whose per-call flattening costs tens of microseconds on a ~1 ms step.
+    `graph`: the NNX step is `nnx.jit` over the layer itself, the idiomatic call ("jit"), or
+    that through `nnx.cached_partial` ("cached"); neither side donates its cache then
+    (`nnx.jit` would donate the parameters with it).
     """
     token = jax.random.normal(jax.random.key(1), (batch, 1, width))
     layer = attention.nnx.MultiHeadAttention(HEADS, width, num_kv_heads=KV_HEADS, decode=True, rngs=nnx.Rngs(0))
@@ -92,13 +96,20 @@ def decode_pair(batch=8, length=1024, width=512, pure=False):
         cache_out = nnx.state(model, nnx.Cache)
         return model(token), nnx.to_pure_dict(cache_out) if pure else cache_out
 
-    nnx_step = jax.jit(nnx_step, donate_argnums=0)
+    donate = () if graph else 0
+    nnx_step = jax.jit(nnx_step, donate_argnums=donate)
     nnx_state = {"cache": nnx.to_pure_dict(cache) if pure else cache}
     linen_step = jax.jit(
-        lambda cache, t: linen.apply({"params": params, "cache": cache}, t, mutable=["cache"]), donate_argnums=0
+        lambda cache, t: linen.apply({"params": params, "cache": cache}, t, mutable=["cache"]), donate_argnums=donate
     )
+    graph_step = nnx.jit(lambda layer, t: layer(t))
+    if graph == "cached":
+        graph_step = nnx.cached_partial(graph_step, layer)
 
     def nnx_call():
+        if graph:
+            jax.block_until_ready(graph_step(token) if graph == "cached" else graph_step(layer, token))
+            return
         _, nnx_state["cache"] = jax.block_until_ready(nnx_step(nnx_state["cache"], token))
 
     def linen_call():
@@ -123,6 +134,8 @@ def main():
         ("forward+backward, jax.jit over nnx.split", lambda: train_pair(mode="split")),
         ("decode step, jax.jit over nnx.split, cache as nnx.State", decode_pair),
         ("decode step, jax.jit over nnx.split, cache as a pure dict", lambda: decode_pair(pure=True)),
+        ("decode step, nnx.jit (graph mode), neither side donating", lambda: decode_pair(graph="jit")),
+        ("decode step, nnx.cached_partial(nnx.jit(...), layer), neither donating", lambda: decode_pair(graph="cached")),
     )
     for name, pair in rows:
         nnx_fn, linen_fn = pair()
