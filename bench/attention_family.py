@@ -10,12 +10,16 @@ each per round, median over `--reps` rounds), all in this process on one core; `
 forward+backward (temporaries + outputs, `memory_analysis()`), not a measured peak. Members that
 cannot be causal (linformer) are left out of the causal rows; MLA's core is exact attention
 (its gain is the cache, `attention.family.cache_elements_per_token`), so it is not timed here.
+Where `tokamax` is installed (`pip install -e ".[bench]"`; not a dependency of the library), its CPU `xla_chunked`
+exact attention runs too, an outside reference for the blockwise kernel.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +49,11 @@ def formulations(N: int, causal: bool, q, k, v):
         "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
         "blockwise": lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"),
     }
+    if importlib.util.find_spec("tokamax") is not None:
+        import tokamax
+
+        out["tokamax xla_chunked"] = lambda q, k, v: tokamax.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="xla_chunked")
     for name, spec in family.ATTENTION_TYPES.items():
         if spec is None or spec.projects or (causal and not spec.causal):
             continue
