@@ -244,6 +244,11 @@ class MultiHeadAttention(nn.Module):
                 "fused_qkv=True projects q, k and v from one input; it needs self-attention "
                 "(inputs_k and inputs_v None or the same array as inputs_q)"
             )
+        if self.cache_cross_kv and self.decode:
+            raise ValueError(
+                f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
+                "a source's keys/values (cross-attention), decode appends to a growing self-attention cache"
+            )
         einsum_cls = self.qk_attn_weights_einsum_cls or self.attn_weights_value_einsum_cls
         if einsum_cls is not None and self.attention_fn is None:
             raise ValueError(

@@ -280,6 +280,7 @@ def test_bfloat16_layer_runs_with_float32_params():
         (dict(num_heads=4), dict(head_mask=np.ones(4, np.int32)), "head_mask must be a float"),
         (dict(num_heads=4), dict(head_mask=np.ones(3, np.float32)), "head_mask has shape"),
         (dict(num_heads=4, qk_attn_weights_einsum_cls=lambda: jnp.einsum), {}, "set attention_fn"),
+        (dict(num_heads=4, decode=True, cache_cross_kv=True), {}, "cache_cross_kv = True with decode = True"),
     ],
 )
 def test_bad_configurations_raise(kwargs, call, message):
