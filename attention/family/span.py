@@ -9,8 +9,10 @@ computed as softmax(s + log m) with m = 0 masked out, by `attention.attend` (any
 keys farther than S + R are never attended, so `impl="blockwise"` skips them (the window),
 and the cost is O(N (S + R)) there. Without `is_causal` the distance is |i − j|. The span is
 the parameter "span" `[H]` as a fraction of S, clipped to [0, 1] in the forward pass (the paper
-clamps it after each update), initialised to `span_init`; the paper's L1 penalty on the spans
-belongs to the training loss and is not added here.
+clamps it after each update), initialised to `span_init`. The paper's L1 penalty, (λ / M) Σ_h z_h
+over a layer's M heads, is what lets spans shrink: with `l1_penalty` λ > 0 the module sows it
+into the `losses` collection ("span_l1"), which the training step adds to its loss
+(`training.run.step.train_step`); λ = 0 sows nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Span(LayerFilled):
     max_span: int = 256  # S: the longest span a head can learn
     ramp: int = 32  # R: width of the soft mask's ramp
     span_init: float = 1.0  # initial span as a fraction of S (1: every head starts at S)
+    l1_penalty: float = 0.0  # λ of the loss term (λ / H) Σ_h z_h, z in positions (the paper's L1 on spans)
     impl: str = "vmap"
 
     @nn.compact
@@ -45,9 +48,13 @@ class Span(LayerFilled):
         require_positive_ints("span", max_span=self.max_span, ramp=self.ramp)
         if not 0.0 <= self.span_init <= 1.0:
             raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
+        if not (isinstance(self.l1_penalty, (int, float)) and self.l1_penalty >= 0):
+            raise ValueError(f"span l1_penalty = {self.l1_penalty!r}; expected a float >= 0")
         (B, Lq, H, _), Lk = query.shape, key.shape[1]
         fraction = self.param("span", nn.initializers.constant(self.span_init), (H,), self.param_dtype)
         z = self.max_span * jnp.clip(fraction.astype(jnp.float32), 0.0, 1.0).reshape(1, H, 1, 1)
+        if self.l1_penalty > 0:
+            self.sow("losses", "span_l1", self.l1_penalty * jnp.mean(z))
         # query_offset: an int or one per sequence, [B]; distance [B|1, 1, Lq, Lk]
         distance = jnp.reshape(query_offset, (-1, 1, 1)) + jnp.arange(Lq)[None, :, None] - jnp.arange(Lk)[None, None, :]
         distance = (distance if is_causal else jnp.abs(distance)).astype(jnp.float32)[:, None]

@@ -73,3 +73,9 @@ def test_layer_decode_equals_the_full_pass():
         cache = upd["cache"]
         pieces.append(out)
     np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=2e-5)
+
+
+def test_a_negative_l1_penalty_is_refused_by_name():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="span l1_penalty = -0.1; expected a float >= 0"):
+        Span(l1_penalty=-0.1).init(jax.random.key(0), q, k, v)

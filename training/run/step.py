@@ -80,7 +80,8 @@ def packing_inputs(batch: dict) -> dict:
 def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None) -> tuple[Any, dict]:
     """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
 
-    The loss is the token-weighted mean over the global batch. Under `jax.jit` on a mesh the batch
+    The loss is the token-weighted mean over the global batch, plus whatever the model sows into
+    its `losses` collection (a regulariser such as the adaptive span's L1; nothing by default). Under `jax.jit` on a mesh the batch
     is one global array and this needs nothing more. Under `jax.pmap` (`axis_name` set) each device
     holds a slice: the token count is summed over devices first, so each device's loss is its share
     of the global mean and the global gradient is the sum (`psum`) of the devices' gradients; their
@@ -94,10 +95,17 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     denominator = jnp.maximum(count, 1.0)
 
     def loss_fn(params):
-        logits = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True, rngs={"dropout": dropout_rng},
-                                **packing_inputs(batch))
+        logits, sown = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True,
+                                      rngs={"dropout": dropout_rng}, mutable=["losses"], **packing_inputs(batch))
         loss_sum, nll_sum, _ = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing)
-        return loss_sum / denominator, nll_sum
+        loss = loss_sum / denominator
+        # terms the modules sow into `losses` (e.g. attention.family.span's L1 on its spans); none by default
+        if terms := jax.tree.leaves(sown):
+            regulariser = sum(jnp.sum(x) for x in terms)
+            if axis_name is not None:  # each device sows the whole term, and the losses are summed over devices
+                regulariser = regulariser / lax.psum(1, axis_name)
+            loss = loss + regulariser
+        return loss, nll_sum
 
     (loss, nll_sum), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     if axis_name is not None:

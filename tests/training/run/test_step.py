@@ -86,3 +86,30 @@ def test_a_packed_batch_steps_as_the_same_pairs_padded_one_a_row():
         np.testing.assert_allclose(m_packed[name], m_padded[name], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(state_packed.params), jax.tree.leaves(state_padded.params)):
         np.testing.assert_allclose(a, b, atol=1e-6)  # the same gradient
+
+
+def test_the_adaptive_span_l1_penalty_joins_the_loss_and_pulls_the_spans_in():
+    """Loss with λ > 0 = loss without + λ Σ_layers mean_h(S clip(span_h, 0, 1)) (Sukhbaatar et al.'s L1), by hand."""
+    batch = as_arrays(BatchSchedule.assemble([[5, 6, 7], [10, 11]], [[8, 9], [12, 13, 14]], rows=2, length=4))
+    config = dict(vocab_size=20, d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, dropout_rate=0.0,
+                  attention_type="span")
+    penalised, plain = (Transformer(TransformerConfig(**config, attention_options=dict(max_span=6, l1_penalty=lam)))
+                        for lam in (0.01, 0.0))
+    params = plain.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"]
+    fractions = {"/".join(str(k.key) for k in path): np.asarray(leaf)  # every span sublayer's [H] parameter
+                 for path, leaf in jax.tree_util.tree_leaves_with_path(params) if path[-1].key == "span"}
+    fractions["encoder/layer_0/self_attention/span/span"] = np.array([0.5, 1.7])  # clipped to 1: 6 positions
+    fractions["decoder/layer_0/self_attention/span/span"] = np.array([0.25, 0.8])  # inside (0, 1): a gradient
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: fractions.get("/".join(str(k.key) for k in path), leaf), params)
+    assert len(fractions) == 2  # the encoder's and the decoder's self-attention (span is self-attention only)
+    penalty = 0.01 * sum(np.mean(6 * np.clip(f, 0, 1)) for f in fractions.values())
+    losses, updated = {}, {}
+    for name, model in (("penalised", penalised), ("plain", plain)):
+        state = step_lib.train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))
+        updated[name], metrics = step_lib.train_step(state, batch, jax.random.key(1), label_smoothing=0.1)
+        losses[name] = float(metrics["loss"])
+    np.testing.assert_allclose(losses["penalised"] - losses["plain"], penalty, rtol=1e-4)
+    span = lambda s: np.asarray(s.params["decoder"]["layer_0"]["self_attention"]["span"]["span"])
+    # the penalty's gradient, λ S / H per unclipped head, is added to the update: spans shrink by it
+    np.testing.assert_allclose(span(updated["plain"]) - span(updated["penalised"]), 0.01 * 6 / 2, rtol=1e-4)
