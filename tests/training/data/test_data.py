@@ -5,6 +5,7 @@ import io
 import os
 import urllib.error
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -210,3 +211,22 @@ def test_a_packed_epoch_serves_every_fitting_pair_once_in_one_shape():
 def test_bad_pack_length_raises(pack_length, message):
     with pytest.raises(ValueError, match=message):
         BatchSchedule([[4]], [[4]], token_budget=64, bucket_lengths=(8,), seed=0, pack_length=pack_length)
+
+
+def test_dev_batches_keep_every_pair_an_over_long_one_in_a_batch_of_its_own_length():
+    # The end-to-end tiny configs cut every dev pair to their largest bucket; this is the path they no longer take.
+    class Words:  # a vocabulary whose sentences are already token ids, written out
+        encode = staticmethod(lambda texts: [[int(w) for w in text.split()] for text in texts])
+
+    src = [[5, 6, 7], list(range(10, 16)), list(range(20, 30)), list(range(40, 55))]
+    tgt = [[8, 9], list(range(10, 15)), [31, 32, 33], list(range(60, 80))]
+    text = lambda sentences: [" ".join(map(str, s)) for s in sentences]
+    config = SimpleNamespace(model=SimpleNamespace(max_len=12),
+                             data=SimpleNamespace(bucket_lengths=(4, 8), token_budget=16))
+    batches = batching.dev_batches(config, Words, SimpleNamespace(src=text(src), tgt=text(tgt)))
+    # lengths max(src, tgt + 1): 3 -> bucket 4 (16 // 4 rows), 6 -> 8 (2 rows); 10 and the cut 12 stay as they are
+    assert [b["src"].shape for b in batches] == [(4, 4), (2, 8), (1, 10), (1, 12)]
+    np.testing.assert_array_equal(batches[2]["src"][0], list(range(20, 30)))
+    np.testing.assert_array_equal(batches[3]["src"][0], list(range(40, 52)))  # cut to max_len
+    np.testing.assert_array_equal(batches[3]["tgt_out"][0], [*range(60, 71), batching.EOS_ID])  # max_len - 1 + EOS
+    assert [int(b["weights"].sum()) for b in batches] == [3, 6, 4, 12]
