@@ -44,6 +44,7 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     summed from the arrays `init_cache` allocates (every decoder layer's K and V, over batch * length);
     tokens/s counts each sentence's output tokens up to its EOS, median of `repeats` timed runs after a warm-up.
     """
+    src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read, as translate does
     length = bucket_length(max(len(s) for s in src_ids), bucket_lengths)
     src = jnp.asarray(BatchSchedule.assemble(src_ids, [[] for _ in src_ids], len(src_ids), length).src)
     max_len = min(length + max_extra_length, model.config.max_len)

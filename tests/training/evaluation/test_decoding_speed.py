@@ -1,0 +1,19 @@
+"""`evaluate.decoding_speed`: cache bytes per token by hand, and sources longer than the model reads."""
+
+import jax
+import jax.numpy as jnp
+
+from models import Transformer, TransformerConfig
+from training.evaluation.evaluate import decoding_speed
+
+
+def test_cache_bytes_by_hand_and_an_over_long_source_is_cut_to_max_len():
+    config = TransformerConfig(vocab_size=20, d_model=16, num_heads=4, num_kv_heads=2, num_layers=2, mlp_dim=24,
+                               max_len=8, dropout_rate=0.0)
+    model = Transformer(config)
+    params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
+    src_ids = [[5, 6, 7], list(range(3, 15))]  # 12 tokens: longer than max_len, as a dev sentence may be
+    result = decoding_speed(model, params, src_ids, bucket_lengths=(4, 8, 16), beam_sizes=(1,), repeats=1)
+    # float32 K and V of 2 KV heads of 4 dims, in each of 2 decoder layers: 2 * 2 * 2 * 4 * 4 bytes a token
+    assert result["kv_cache_bytes_per_token"] == 2 * 2 * 2 * 4 * 4
+    assert result["decode_batch"] == 2 and result["decode_tokens_per_s_beam1"] > 0
