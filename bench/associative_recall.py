@@ -1,0 +1,151 @@
+"""Multi-query associative recall at long N: which attention-family member can still find a key 2k tokens back.
+
+    taskset -c 1 python -m bench.associative_recall --length 2048 --steps 1500   # results/attention_family.md
+    taskset -c 1 python -m bench.associative_recall --length 128 --steps 20 --types softmax performer   # a smoke run
+
+The task (MQAR, Arora et al. 2023, "Zoology"), generated on the fly: a row of N tokens opens with
+P key-value pairs `k_1 v_1 ... k_P v_P` (distinct keys), ends with Q queries (keys drawn from the
+P), and holds random noise tokens between; the target at each query is its key's value, N - 2P - Q
+or more tokens back. A two-layer bidirectional encoder (learned positions, pre-LN, width 64, 4
+heads) built from `attention.MultiHeadAttention(attention_type=...)` is trained from scratch for
+each member with the same data, steps and seed, and scored on fresh rows: the share of queries
+answered. Exact attention solves it (an induction-style lookup); approximations that blur or drop
+far keys do not. Members run with `bench.attention_family.member_options` at this N, except that
+span may learn to reach the whole row (max_span = N: the task is long-range by construction).
+
+Not yet calibrated: at N = 256 (16 pairs, 16 queries, 800 steps of 16 rows, lr 1e-3) even softmax
+ended at 0.03 query accuracy (chance 1/64) with its loss still at log 64, so the schedule has to
+grow (MQAR is known to need thousands of steps before the lookup forms) or the task shrink before
+a table at N = 2048 means anything; the defaults here are the intended run, not a validated one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import attention
+from attention import family
+from bench.attention_family import member_options
+
+WIDTH, HEADS, LAYERS = 64, 4, 2
+
+
+def vocabulary(num_keys: int, num_values: int, num_noise: int) -> dict:
+    """Token id ranges: keys 1..K, values K+1..K+V, noise after them; 0 is never drawn."""
+    keys = np.arange(1, num_keys + 1)
+    values = np.arange(num_keys + 1, num_keys + num_values + 1)
+    noise = np.arange(values[-1] + 1, values[-1] + num_noise + 1)
+    return {"keys": keys, "values": values, "noise": noise, "size": int(noise[-1]) + 1}
+
+
+def make_batch(rng: np.random.Generator, vocab: dict, rows: int, length: int, pairs: int, queries: int):
+    """tokens `[rows, length]` int32, targets `[rows, length]` (the value at each query, 0 elsewhere), query mask."""
+    if 2 * pairs + queries > length or pairs > len(vocab["keys"]):
+        raise ValueError(f"length = {length}, pairs = {pairs}, queries = {queries}: need 2 pairs + queries <= length "
+                         f"and pairs <= {len(vocab['keys'])} keys")
+    tokens = rng.choice(vocab["noise"], size=(rows, length))
+    targets = np.zeros((rows, length), np.int32)
+    for r in range(rows):
+        keys = rng.choice(vocab["keys"], size=pairs, replace=False)
+        values = rng.choice(vocab["values"], size=pairs)
+        tokens[r, 0 : 2 * pairs : 2], tokens[r, 1 : 2 * pairs : 2] = keys, values
+        asked = rng.integers(0, pairs, size=queries)
+        tokens[r, length - queries :] = keys[asked]
+        targets[r, length - queries :] = values[asked]
+    return tokens.astype(np.int32), targets, targets > 0
+
+
+class Encoder(nn.Module):
+    """Tokens `[B, N]` -> logits `[B, N, vocab]`: pre-LN blocks of `attention_type` attention and an MLP."""
+
+    vocab_size: int
+    length: int
+    attention_type: str
+    attention_options: dict | None = None
+    impl: str = "vmap"
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab_size, WIDTH)(tokens) + self.param(
+            "positions", nn.initializers.normal(0.02), (self.length, WIDTH))[None]
+        for i in range(LAYERS):
+            x = x + attention.MultiHeadAttention(
+                num_heads=HEADS, attention_type=self.attention_type, attention_options=self.attention_options,
+                impl=self.impl, name=f"attention_{i}")(nn.LayerNorm()(x))
+            h = nn.Dense(4 * WIDTH)(nn.LayerNorm()(x))
+            x = x + nn.Dense(WIDTH)(nn.gelu(h))
+        return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+
+
+def train_and_score(attention_type: str, args, vocab: dict) -> dict:
+    """Train one member from the shared seed; return its query accuracy on fresh rows, final loss and seconds."""
+    options = {} if attention_type == "softmax" else member_options(attention_type, args.length)
+    impl = options.pop("impl", "vmap")  # a layer setting, which the layer passes on to the member
+    if attention_type == "span":
+        options["max_span"] = args.length
+    model = Encoder(vocab["size"], args.length, attention_type, options or None, impl)
+    data = np.random.default_rng(args.seed)  # the same rows, in the same order, for every member
+    batch = lambda rows: make_batch(data, vocab, rows, args.length, args.pairs, args.queries)  # noqa: E731
+    tokens, _, _ = batch(1)
+    params = jax.jit(model.init)(jax.random.key(args.seed), tokens)
+    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.learning_rate, args.steps // 10, args.steps))
+    opt_state = optimizer.init(params)
+
+    def loss_fn(params, tokens, targets, asked):
+        losses = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, tokens), targets)
+        return jnp.sum(losses * asked) / jnp.sum(asked)
+
+    @jax.jit
+    def step(params, opt_state, tokens, targets, asked):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets, asked)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    start, losses = time.process_time(), []
+    for _ in range(args.steps):
+        params, opt_state, loss = step(params, opt_state, *batch(args.batch))
+        losses.append(float(loss))
+    seconds = time.process_time() - start
+    predict = jax.jit(lambda params, tokens: jnp.argmax(model.apply(params, tokens), axis=-1))
+    right = total = 0
+    for _ in range(args.eval_rows // args.batch):
+        tokens, targets, asked = batch(args.batch)
+        right += int(np.sum((np.asarray(predict(params, tokens)) == targets) & asked))
+        total += int(np.sum(asked))
+    return {"accuracy": right / total, "final_loss": float(np.mean(losses[-max(1, args.steps // 20):])),
+            "seconds": seconds}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--queries", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--eval_rows", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--types", nargs="*", default=[t for t in family.ATTENTION_TYPES if t != "mla"],
+                        help="members to train (mla's attention is exact: its gain is the cache)")
+    args = parser.parse_args()
+    vocab = vocabulary(num_keys=64, num_values=64, num_noise=16)
+    print(f"MQAR: N = {args.length}, {args.pairs} pairs, {args.queries} queries, {args.steps} steps of "
+          f"{args.batch} rows, seed {args.seed}; chance = 1/64\n")
+    print("| attention_type | query accuracy | final train loss | train CPU s |")
+    print("|---|---:|---:|---:|")
+    for attention_type in args.types:
+        result = train_and_score(attention_type, args, vocab)
+        print(f"| {attention_type} | {result['accuracy']:.3f} | {result['final_loss']:.3f} | {result['seconds']:.0f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
