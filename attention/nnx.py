@@ -5,9 +5,9 @@ shapes as Flax's (0.12), so Flax NNX code and checkpoints run unchanged; the att
 is `attention.attend`, the function the Linen layer (`attention.layer`) calls. On top:
 `impl`, `block_sizes`, `fused_qkv`, `v_head_dim`, the attention family's `attention_type`
 (its Linen member wrapped by `nnx.bridge.ToNNX`, under the Linen layer's parameter paths), a
-`head_mask` call argument, and a decode cache (`attention.cache`) that takes a multi-token prompt in one call, keeps one position
-per sequence (`cache_index [batch...]`, so prompts of different lengths decode together)
-and masks causally at every step, as the full pass does.
+`head_mask` call argument, and a decode cache (`attention.cache`) that takes a multi-token
+prompt in one call, keeps one position per sequence (`cache_index [batch...]`, so prompts of
+different lengths decode together) and masks causally at every step, as the full pass does.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class MultiHeadAttention(nnx.Module):
                 decode=False, kernel_init=kernel_init, use_bias=use_bias, num_heads=H, head_dim=d_k, v_head_dim=d_v,
             )
             wrapped = nnx.bridge.ToNNX(member)
-            nnx.bridge.lazy_init(wrapped, *self._member_inputs(spec, (1,), 1), rngs=rngs.params())
+            nnx.bridge.lazy_init(wrapped, *map(jnp.zeros, self._member_input_shapes(spec, (1,), 1)), rngs=rngs.params())
             setattr(self, attention_type, wrapped)
         self.query_ln: nnx.LayerNorm | None
         self.key_ln: nnx.LayerNorm | None
@@ -351,13 +351,17 @@ class MultiHeadAttention(nnx.Module):
                        mutable=mutable)  # ToNNX keeps the updated state and returns the output
         return x.reshape(*batch, *x.shape[1:])
 
-    def _member_inputs(self, spec, batch, length):
-        """Zero inputs `[B, length, ...]` of the member's call (B = prod(batch)): what its Linen init needs."""
+    def _member_input_shapes(self, spec, batch, length):
+        """Shapes `[B, length, ...]` of the member's call inputs (B = prod(batch)): what its Linen init needs."""
         B, H, G = math.prod(batch), self.num_heads, self.num_kv_heads
         if spec.projects:
-            return jnp.zeros((B, length, self.in_features)), jnp.zeros((B, length, self.in_kv_features))
-        return (jnp.zeros((B, length, H, self.head_dim)), jnp.zeros((B, length, G, self.head_dim)),
-                jnp.zeros((B, length, G, self.v_head_dim)))
+            return (B, length, self.in_features), (B, length, self.in_kv_features)
+        return (B, length, H, self.head_dim), (B, length, G, self.head_dim), (B, length, G, self.v_head_dim)
+
+    def _state_member(self):
+        """The wrapped member if it decodes with its own state (performer, mla), else None."""
+        spec = family.member(self.attention_type)
+        return getattr(self, self.attention_type) if spec is not None and spec.decode == "state" else None
 
     def _project(self, inputs_q, inputs_k, inputs_v, sharding, shared_qk=False):
         """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q when `shared_qk`), v `[batch..., Lk, G, d_v]`."""
@@ -455,9 +459,8 @@ class MultiHeadAttention(nnx.Module):
                 self._allocate(batch, max_length, self.dtype)
 
     def _has_cache(self):
-        if family.member(self.attention_type) is not None and family.member(self.attention_type).decode == "state":
-            return getattr(self, self.attention_type).to_nnx__module.decode
-        return self.cached_key is not None
+        member = self._state_member()
+        return member.to_nnx__module.decode if member is not None else self.cached_key is not None
 
     def _allocate(self, batch, max_length, dtype):
         if not all(isinstance(b, int) and b > 0 for b in batch) or not (isinstance(max_length, int) and max_length > 0):
@@ -465,12 +468,12 @@ class MultiHeadAttention(nnx.Module):
                 f"the cache needs positive int batch sizes and max_length, got batch {batch}, "
                 f"max_length {max_length!r}"
             )
-        spec = family.member(self.attention_type)
-        if spec is not None and spec.decode == "state":  # the member's own state, from its Linen init
-            member = getattr(self, self.attention_type)
+        member = self._state_member()
+        if member is not None:  # the member's own state, shaped by its Linen init (nothing computed)
             module = member.to_nnx__module.clone(decode=True)
-            inputs = self._member_inputs(spec, batch, max_length)
-            state = jax.eval_shape(lambda: module.init(jax.random.key(0), *inputs)["cache"])
+            inputs = [jax.ShapeDtypeStruct(shape, jnp.float32)
+                      for shape in self._member_input_shapes(family.member(self.attention_type), batch, max_length)]
+            state = jax.eval_shape(lambda *x: module.init(jax.random.key(0), *x)["cache"], *inputs)
             for name, leaf in state.items():
                 setattr(member, name, nnx.Cache(jnp.zeros(leaf.shape, leaf.dtype)))
             member.to_nnx__module = module

@@ -7,8 +7,8 @@ A member is a Linen module called by `attention.MultiHeadAttention` (attribute
            mask [B|1, H|1, Lq|1, Lk|1] bool or None, is_causal, query_offset) -> [B, Lq, H, d_v]
 
 `query_offset` is the absolute position of the first query, an int or one per sequence `[B]`
-(non-zero only when decoding over the layer's KV cache; the NNX layer keeps a position per sequence). A member that `projects` (MLA) builds its own heads from the inputs
-instead. `Member` records what the layer must check or provide before calling it.
+(non-zero only when decoding over the layer's KV cache; the NNX layer keeps a position per
+sequence). A member that `projects` (MLA) builds its own heads from the inputs instead. `Member` records what the layer must check or provide before calling it.
 """
 
 from __future__ import annotations
