@@ -283,13 +283,19 @@ class MultiHeadAttention(nn.Module):
         return query, *(self._cross_kv(project_kv) if self.cache_cross_kv else project_kv())
 
     def _cross_kv(self, project_kv):
-        """(key, value) read from the cache, or projected, and stored if the cache is being filled (`cache_cross_kv`)."""
+        """(key, value) read from the cache, or projected, and stored if the cache is being filled (`cache_cross_kv`).
+
+        Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads (as `_use_cache`):
+        the transpose back to the caller's layout and the kernel's own then cancel, so no step
+        transposes the source's keys and values again.
+        """
+        to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
         if self.has_variable("cache", "cross_key"):
-            return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+            return to_caller(self.get_variable("cache", "cross_key")), to_caller(self.get_variable("cache", "cross_value"))
         key, value = project_kv()
         if self.is_mutable_collection("cache") and not self.is_initializing():
-            self.put_variable("cache", "cross_key", key)
-            self.put_variable("cache", "cross_value", value)
+            self.put_variable("cache", "cross_key", to_caller(key))
+            self.put_variable("cache", "cross_value", to_caller(value))
         return key, value
 
     def _use_cache(self, query, key, value, mask):

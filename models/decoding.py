@@ -185,16 +185,23 @@ def _top_beams(seqs, scores, k):
     return _take_beams(seqs, idx), top_scores
 
 
+# cross-attention's source keys/values (attention's `cache_cross_kv`): the K beams of a source
+# hold the same ones, so reordering them is the identity
+_BEAM_INVARIANT = frozenset({"cross_key", "cross_value"})
+
+
 def _gather_cache(cache, beams):
     """Reorder every cache array [B*K, ...] so beam k of source b continues beam beams[b, k].
 
-    Scalars (the cache index and position counter) are shared by all beams and kept.
+    Scalars (the cache index and position counter) are shared by all beams and kept, and so
+    are the source's keys/values, equal across a source's beams (and, left untouched, loop
+    invariants XLA may hoist).
     """
     batch, K = beams.shape
 
-    def gather(x):
-        if x.ndim == 0:
+    def gather(path, x):
+        if x.ndim == 0 or getattr(path[-1], "key", None) in _BEAM_INVARIANT:
             return x
         return _take_beams(x.reshape(batch, K, *x.shape[1:]), beams).reshape(x.shape)
 
-    return jax.tree.map(gather, cache)
+    return jax.tree_util.tree_map_with_path(gather, cache)

@@ -358,7 +358,7 @@ def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them():
     for name in ("key", "value"):  # x W + b, in NumPy
         p = params[name]
         want = np.einsum("bld,dgk->blgk", np.asarray(source), np.asarray(p["kernel"])) + np.asarray(p["bias"])
-        np.testing.assert_allclose(cache[f"cross_{name}"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cache[f"cross_{name}"], want.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-5)  # head-first
     np.testing.assert_allclose(first, plain.apply({"params": params}, x, source), atol=1e-6)
     # a later step reads the cache: another source is not read, the first one's answer comes back
     later = cross.apply({"params": params, "cache": cache}, x, other)

@@ -160,7 +160,8 @@ def test_cached_decoding_matches_the_full_pass(pre_ln, kv_heads):
         np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)
         assert int(cache["decoder"]["position"]) == length
         assert int(cache["decoder"]["layer_0"]["self_attention"]["cache_index"]) == length
-        assert cache["decoder"]["layer_0"]["cross_attention"]["cross_key"].shape[:2] == SRC.shape  # source K/V kept
+        cross_key = cache["decoder"]["layer_0"]["cross_attention"]["cross_key"]  # source K/V kept, head-first
+        assert (cross_key.shape[0], cross_key.shape[2]) == SRC.shape
 
 
 def test_dropout_only_in_training():
