@@ -22,6 +22,11 @@ def apply(config):
     # pinned, not 'auto': every point computes in one dtype whichever machine runs it (on CPUs
     # without native bf16 it runs at the float32 rate; results/small_25min: 36.89 BLEU in bf16)
     config.model.dtype = "bfloat16"
+    # pinned, not 'auto' (which picks them only on CPUs with native bf16): bf16 operands, float32
+    # products and elementwise work on every machine. On a Zen 3 without native bf16, 'xla' matmuls
+    # (bf16 products) ran a step 1.7x slower and strayed 5x further from the Xeon's first 50 steps
+    # (results/plateau/README.md, "Across machines")
+    config.model.matmul = "row_major"
     config.data.token_budget = 1024
     config.optimizer.schedule = "cosine"
     config.optimizer.warmup_steps = 300

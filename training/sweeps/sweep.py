@@ -30,7 +30,7 @@ from training.data import tokenizer
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import files, loop, step as step_lib
+from training.run import files, loop, precision, step as step_lib
 from training.run.lock import claim
 from training.sweeps import store
 
@@ -212,6 +212,7 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
         "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
         "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],
         "bleu_signature": score["signature"], **decoding,
+        "machine": precision.machine_key(),  # the machine that evaluated it (and trained its last stretch): speeds compare within one
     }
 
 
