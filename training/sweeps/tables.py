@@ -95,10 +95,26 @@ def aggregate(results: list[dict], p_values: dict[int, list[float]] | None = Non
                 row[f"{field}_mean"] = statistics.fmean(values)
                 row[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else float("nan")
         row["commits"] = ", ".join(dict.fromkeys(r["commit"][:10] + (" (dirty)" if r["dirty"] else "") for r in runs if "commit" in r)) or "–"
+        row["machines"] = machines(runs)
         if p_values and value in p_values:
             row["p_values"] = p_values[value]
         rows.append(row)
     return rows
+
+
+def machines(runs: list[dict]) -> str:
+    """Which machines evaluated a row's runs, with counts ("AMD EPYC × 2, unrecorded × 1"): its speed
+    columns average over them, and speeds compare only within one machine."""
+    labels = [machine_label(r.get("machine")) for r in runs]
+    return ", ".join(f"{label} × {labels.count(label)}" for label in dict.fromkeys(labels))
+
+
+def machine_label(key: str | None) -> str:
+    """A result's `machine` (precision.machine_key: "cpu|cpu|MODEL, ...|jax ..|jaxlib ..") as its device or CPU model."""
+    if not key:
+        return "unrecorded"
+    platform, kind, *rest = key.split("|")
+    return rest[0].split(",")[0] if platform == "cpu" and rest else kind
 
 
 def markdown(rows: list[dict], spec: dict) -> str:
@@ -106,7 +122,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
     columns = [c for c in COLUMNS.get(key, HEADS) if any(c[1] in row or f"{c[1]}_mean" in row for row in rows)]
     paper = key in ("h", "dk")
     p_title = f"test BLEU p vs {key}={reference} (paired bootstrap, per seed pair)"
-    titles = [t for t, _, _ in columns] + (["paper dev PPL", "paper dev BLEU"] if paper else []) + [p_title, "seeds", "commits"]
+    titles = [t for t, _, _ in columns] + (["paper dev PPL", "paper dev BLEU"] if paper else []) + [p_title, "seeds", "commits", "machines"]
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
     for row in rows:
         cells = []
@@ -121,9 +137,12 @@ def markdown(rows: list[dict], spec: dict) -> str:
         cells.append("reference" if row["value"] == reference else " / ".join(f"{p:.3f}" for p in row.get("p_values", [])) or "–")
         cells.append(str(row["seeds"]))
         cells.append(row["commits"])
+        cells.append(row["machines"])
         lines.append("| " + " | ".join(cells) + " |")
     note = (f"\nMean ± sample sd over seeds. p: sacreBLEU's paired bootstrap ({significance.RESAMPLES} resamples) of test "
-            f"BLEU, seed k of the point against seed k of {key}={reference}, one p per seed pair.\n")
+            f"BLEU, seed k of the point against seed k of {key}={reference}, one p per seed pair. Speed columns "
+            f"(tokens/s, wall s) are means over the row's runs, each timed on the machine named in machines: they compare "
+            f"only between rows timed on one machine.\n")
     return "\n".join(lines) + "\n" + note
 
 
@@ -177,7 +196,7 @@ def plot_curves(run_curves: list[tuple[int, curves.Curve]], key: str, path: Path
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    skip = ("point", "seed", "bleu_signature", "commit", "dirty")
+    skip = ("point", "seed", "bleu_signature", "commit", "dirty", "machine")
     fields = [k for row in rows for k in row if k not in skip]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(fields)), extrasaction="ignore")

@@ -11,3 +11,16 @@ def test_paper_numbers_match_rows_by_head_count_and_by_dk_over_dv():
     assert tables.paper_numbers("dk", {"value": 16, "head_dim": 16, "v_head_dim": 32}) == (5.01, 25.4)
     assert tables.paper_numbers("dk", {"value": 32, "head_dim": 32, "v_head_dim": 32}) == (4.92, 25.8)
     assert tables.paper_numbers("kv", {"value": 2}) is None
+
+
+def test_rows_name_the_machines_their_runs_were_timed_on():
+    xeon = "cpu|cpu|Intel(R) Xeon(R) Processor, native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
+    epyc = "cpu|cpu|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
+    runs = [{"value": 8, "seed": s, "commit": "a" * 40, "dirty": False, "test_bleu": 30.0 + s, **m}
+            for s, m in enumerate([{"machine": epyc}, {}, {"machine": epyc}, {"machine": xeon}])]
+    [row] = tables.aggregate(runs)
+    assert row["machines"] == "AMD EPYC × 2, unrecorded × 1, Intel(R) Xeon(R) Processor × 1"
+    assert tables.machine_label("gpu|NVIDIA H200|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1") == "NVIDIA H200"
+    table = tables.markdown([row], {"key": "h", "reference": 8})
+    assert table.splitlines()[0].endswith("| commits | machines |")
+    assert table.splitlines()[2].endswith("| aaaaaaaaaa | AMD EPYC × 2, unrecorded × 1, Intel(R) Xeon(R) Processor × 1 |")
