@@ -11,7 +11,8 @@ loop's own trainer (`training.parallel.trainers`, donated) on the default config
 fed real Multi30k batches from `BatchSchedule`, their padding included. Same slots per step
 (`data.token_budget` = the peer's rows x 64), dropout 0.1; attention dropout as each side's config
 has it (the peer's 0.1, our `model.attention_dropout_rate`). `--variant LABEL:PATH=VALUE,...`
-(repeatable) times ours with config changes too, e.g. `--variant default: --variant packed:data.pack_length=64`.
+(repeatable) times ours with config changes too, e.g. `--variant default: --variant buckets:data.pack_length=0`
+(the default packs since 2026-12-02; the committed rounds labelled 'default' ran the buckets).
 
 Useful tokens are target tokens that are not padding (EOS included: both losses count it). Our
 rates are an epoch's: each bucket shape is timed on its own real batches (median of `--reps`),

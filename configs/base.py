@@ -23,6 +23,7 @@ def get_config(arg: str | None = None):
         dataset="wmt14_translate/de-en", dir="", src="en", tgt="de", train_split="train",
         eval_split="validation", vocab_size=32_000, token_budget=25_000,
         bucket_lengths=(16, 24, 32, 48, 64, 96, 128, 192, 256),
+        pack_length=0,  # buckets up to 256 tokens: packing was measured on Multi30k only, where 64 holds every pair
     )
     config.model.update(d_model=512, num_heads=8, num_layers=6, mlp_dim=2048, dropout_rate=0.1, pre_ln=False)
     config.optimizer.update(learning_rate=(512 * 4000) ** -0.5, warmup_steps=4000, grad_clip_norm=0.0)

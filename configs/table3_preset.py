@@ -28,6 +28,7 @@ def apply(config):
     # (results/plateau/README.md, "Across machines")
     config.model.matmul = "row_major"
     config.data.token_budget = 1024
+    config.data.pack_length = 0  # length buckets: every committed point was trained so (the default packs since)
     config.optimizer.schedule = "cosine"
     config.optimizer.warmup_steps = 300
     config.eval_every_steps = NUM_TRAIN_STEPS // 10  # the dev curve (loss, greedy BLEU) behind the plateau and convergence claims
