@@ -36,7 +36,8 @@ def member_options(name: str, N: int) -> dict:
     return {
         "linformer": dict(max_length=N, projected_length=256),  # the paper's k for long N
         "performer": dict(num_features=256),  # ~ d ln d
-        "bigbird": dict(block_size=64, window_blocks=1, global_blocks=2, random_blocks=3),  # BigBird-ITC
+        # BigBird-ITC; below N = 1024 the blocks shrink so a row keeps 16 (else its 8 seen blocks would cover it)
+        "bigbird": dict(block_size=min(64, N // 16), window_blocks=1, global_blocks=2, random_blocks=3),
         "lsh": dict(num_buckets=max(2, 2 * (N // 128)), chunk_length=64, num_hashes=2),  # ~2 chunks per bucket
         "entmax": dict(),
         "span": dict(max_span=256, ramp=32, impl="blockwise"),
