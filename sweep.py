@@ -59,8 +59,7 @@ def main(argv):
         sweep.run_point(f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir)
         return
     if f.print_commands:
-        sweep.write_spec(results_dir, f.config, module, f.seeds)
-        for point in sweep.unfinished(module, f.seeds, results_dir):
+        for point in sweep.pending(results_dir, f.config, module, f.seeds):
             print(sweep.shell_line(sweep.point_command(["python", "sweep.py"], f.config, workdir, results_dir, point)))
         return
     program = [sys.executable, str(Path(__file__).resolve())]

@@ -50,8 +50,7 @@ def submit(program: list[str], config_path: str, workdir: Path, results_dir: Pat
            cluster: str = "slurm") -> list[tuple[sweep.Point, submitit.Job]]:
     """Submit one job per unfinished (point, seed); job logs go to WORKDIR/submitit/."""
     module = sweep.load_module(config_path)
-    sweep.write_spec(results_dir, config_path, module, seeds)
-    todo = sweep.unfinished(module, seeds, results_dir)
+    todo = sweep.pending(results_dir, config_path, module, seeds)
     ex = executor(Path(workdir) / "submitit", options, cluster)
     cwd = os.getcwd()
     commands = [submitit.helpers.CommandFunction(sweep.point_command(program, config_path, workdir, results_dir, p), cwd=cwd)

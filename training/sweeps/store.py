@@ -5,7 +5,8 @@
     RESULTS_DIR/NAME/references.SPLIT.txt       the test split's reference translations
     RESULTS_DIR/NAME/POINT/seedK/               one finished (point, seed): result.json (written last,
                                                 so its presence marks the point finished), metrics.jsonl,
-                                                config.json, hypotheses.SPLIT.beam4.txt
+                                                config.json, hypotheses.SPLIT.beam4.txt (a point copied
+                                                from another sweep's same run says so: `shared_from`)
 
 Checkpoints stay in the sweep's workdir; a sweep continued on another machine from a checkout of these
 files skips the finished points and trains the rest with the same vocabulary.
@@ -55,6 +56,13 @@ def save_point(sweep_dir: Path, point, run_dir: Path, result: dict) -> Path:
         files.write_atomic(out / path.name, path.read_bytes())
     files.write_atomic(out / RESULT_FILE, json.dumps(result, indent=2))
     return out
+
+
+def share_point(sweep_dir: Path, point, origin: Path, origin_name: str) -> Path:
+    """Store another sweep's finished point (at `origin`, named `origin_name`) as `point`, the same run."""
+    result = json.loads((origin / RESULT_FILE).read_text())
+    result.update(point=point.arg, value=point.value, shared_from=origin_name)
+    return save_point(sweep_dir, point, origin, result)
 
 
 def write_spec(sweep_dir: Path, spec: dict) -> None:

@@ -8,6 +8,12 @@ logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (training/sweeps/
 point whose result.json is there is finished, on whichever machine that directory is checked out.
 All points share one SentencePiece vocabulary (RESULTS_DIR/NAME/spm.model), so the only
 differences are the swept field and the seed.
+
+A sweep whose reference point is the same run as another sweep's point (rows B's d_k = d_v and the
+KV sweep's kv = h are rows A's h = 8) says so with an optional sixth name,
+`SWEEP_SHARED_REFERENCE = (OTHER_NAME, VALUE)`: that sweep's stored seeds of VALUE are copied in as
+this sweep's reference seeds (marked `shared_from`) instead of being trained again, provided both
+sweeps tokenise with the same vocabulary (this sweep adopts the other's when it has none yet).
 """
 
 from __future__ import annotations
@@ -86,6 +92,12 @@ def _check(config_path, module: ModuleType) -> None:
         raise bad("SWEEP_REFERENCE", f"one of SWEEP_VALUES {tuple(values)}")
     if module.SWEEP_TEST_SPLIT is not None and not isinstance(module.SWEEP_TEST_SPLIT, str):
         raise bad("SWEEP_TEST_SPLIT", "a split name or None")
+    shared = getattr(module, "SWEEP_SHARED_REFERENCE", None)
+    if shared is not None and not (
+            isinstance(shared, tuple) and len(shared) == 2 and isinstance(shared[0], str)
+            and re.fullmatch(r"[A-Za-z0-9_-]+", shared[0]) and shared[0] != module.SWEEP_NAME
+            and isinstance(shared[1], int) and not isinstance(shared[1], bool) and shared[1] > 0):
+        raise bad("SWEEP_SHARED_REFERENCE", "None or (another sweep's SWEEP_NAME, its value that is the same run as SWEEP_REFERENCE)")
 
 
 def points(module: ModuleType, seeds: int) -> list[Point]:
@@ -131,6 +143,39 @@ def unfinished(module: ModuleType, seeds: int, results_dir: Path) -> list[Point]
     return [p for p in points(module, seeds) if not store.is_finished(sweep_dir(results_dir, module), p)]
 
 
+def pending(results_dir: Path, config_path: str, module: ModuleType, seeds: int) -> list[Point]:
+    """What a start of the sweep has left to train: writes sweep.json, adopts shared reference seeds."""
+    write_spec(results_dir, config_path, module, seeds)
+    adopt_shared_reference(module, [p for p in points(module, seeds) if p.value == module.SWEEP_REFERENCE], results_dir)
+    return unfinished(module, seeds, results_dir)
+
+
+def adopt_shared_reference(module: ModuleType, wanted: list[Point], results_dir: Path) -> list[Point]:
+    """Store, for each reference point in `wanted` that another sweep already holds as the same run
+    (`SWEEP_SHARED_REFERENCE`), that sweep's files as this point's; return the points so stored."""
+    shared = getattr(module, "SWEEP_SHARED_REFERENCE", None)
+    if shared is None:
+        return []
+    out, source = sweep_dir(results_dir, module), Path(results_dir) / shared[0]
+    vocabulary, source_vocabulary = out / store.VOCABULARY_FILE, source / store.VOCABULARY_FILE
+    if not source_vocabulary.exists():
+        return []
+    if not vocabulary.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(vocabulary, source_vocabulary.read_bytes())
+    if vocabulary.read_bytes() != source_vocabulary.read_bytes():
+        logging.warning("%s and %s tokenise differently: the reference points are trained, not shared", vocabulary, source_vocabulary)
+        return []
+    source_key = store.read_spec(source)["key"]
+    adopted = []
+    for point in wanted:
+        origin = store.point_path(source, source_key, shared[1], point.seed)
+        if point.value == module.SWEEP_REFERENCE and not store.is_finished(out, point) and (origin / store.RESULT_FILE).exists():
+            store.share_point(out, point, origin, f"{shared[0]}/{origin.parent.name}/{origin.name}")
+            adopted.append(point)
+    return adopted
+
+
 def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) -> dict | None:
     """Train (resuming) and evaluate one point, then store its files under RESULTS_DIR/NAME; a finished
     point returns its stored result, one that another live process is running, or whose training
@@ -138,6 +183,7 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) 
     module = load_module(config_path)
     out = sweep_dir(results_dir, module)
     result_path = store.point_dir(out, point) / store.RESULT_FILE
+    adopt_shared_reference(module, [point], results_dir)
     if result_path.exists():
         return json.loads(result_path.read_text())
     config = module.get_config(point.arg)
@@ -225,8 +271,7 @@ def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: 
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
     module = load_module(config_path)
-    write_spec(results_dir, config_path, module, seeds)
-    todo = unfinished(module, seeds, results_dir)
+    todo = pending(results_dir, config_path, module, seeds)
     Path(workdir).mkdir(parents=True, exist_ok=True)
     running: list[tuple[Point, subprocess.Popen, object]] = []
     failed: list[Point] = []

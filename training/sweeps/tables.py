@@ -94,7 +94,9 @@ def aggregate(results: list[dict], p_values: dict[int, list[float]] | None = Non
                 values = [r[field] for r in runs]
                 row[f"{field}_mean"] = statistics.fmean(values)
                 row[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else float("nan")
-        row["commits"] = ", ".join(dict.fromkeys(r["commit"][:10] + (" (dirty)" if r["dirty"] else "") for r in runs if "commit" in r)) or "–"
+        row["commits"] = ", ".join(dict.fromkeys(
+            r["commit"][:10] + (" (dirty)" if r["dirty"] else "") + (f" (run of {r['shared_from'].rsplit('/', 1)[0]})" if "shared_from" in r else "")
+            for r in runs if "commit" in r)) or "–"
         row["machines"] = machines(runs)
         if p_values and value in p_values:
             row["p_values"] = p_values[value]

@@ -1,14 +1,19 @@
 """Sweep configs and flags: bad ones are ValueErrors naming the field; the Table 3 sweeps share one preset."""
 
 import functools
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import ablation_dk, ablation_heads, ablation_kv
+from training import config as config_lib
 from training.sweeps import store, sweep
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,6 +35,8 @@ def test_bad_sweep_config(tmp_path):
     ('SWEEP_NAME = "a/b"', "SWEEP_NAME"), ('SWEEP_KEY = "h=1"', "SWEEP_KEY"), ("SWEEP_VALUES = ()", "SWEEP_VALUES"),
     ("SWEEP_VALUES = (1, 1)", "SWEEP_VALUES"), ("SWEEP_VALUES = (0, 2)", "SWEEP_VALUES"), ('SWEEP_VALUES = ("1", 2)', "SWEEP_VALUES"),
     ("SWEEP_REFERENCE = 8", "SWEEP_REFERENCE"), ("SWEEP_TEST_SPLIT = 3", "SWEEP_TEST_SPLIT"),
+    ('SWEEP_SHARED_REFERENCE = "heads"', "SWEEP_SHARED_REFERENCE"), ('SWEEP_SHARED_REFERENCE = ("s", 2)', "SWEEP_SHARED_REFERENCE"),
+    ('SWEEP_SHARED_REFERENCE = ("heads", 0)', "SWEEP_SHARED_REFERENCE"),
 ])
 def test_bad_sweep_fields_are_named(tmp_path, line, field):
     path = tmp_path / "bad.py"
@@ -91,3 +98,72 @@ def test_a_point_stopped_before_its_last_step_is_not_stored(tmp_path):
     assert sweep.run_point(str(config), tmp_path / "runs", point, tmp_path / "results") is None
     assert not store.is_finished(sweep.sweep_dir(tmp_path / "results", module), point)
     assert (tmp_path / "runs" / "h2_seed0" / "checkpoints").is_dir()  # a later start resumes from here
+
+
+def flat(config):
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            yield from walk(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)]
+    return dict(walk(config.to_dict()))
+
+
+class Vocab:
+    def vocab_size(self):
+        return 64
+
+
+@pytest.mark.parametrize("module, arg, spelled", [
+    (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}), (ablation_kv, "kv=8", {"model.num_kv_heads": 8}),
+])
+def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled):
+    # The reference seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE) must be the run they would train:
+    # the configs differ only in spelling out h = 8's defaults, and build a model with the same parameters and outputs.
+    assert module.SWEEP_SHARED_REFERENCE == (ablation_heads.SWEEP_NAME, ablation_heads.SWEEP_REFERENCE)
+    ours, heads = module.get_config(arg), ablation_heads.get_config("h=8")
+    assert module.SWEEP_REFERENCE == int(arg.split("=")[1])
+    differing = {k: v for k, v in flat(ours).items() if flat(heads)[k] != v}
+    assert differing == spelled and all(flat(heads)[k] is None for k in spelled)
+    src, tgt = jnp.arange(1, 13).reshape(2, 6) % 64, jnp.arange(3, 15).reshape(2, 6) % 64
+    outputs = []
+    for config in (ours, heads):
+        model = config_lib.build_model(config, Vocab(), "float32")
+        params = model.init(jax.random.key(3), src, tgt)
+        outputs.append((params, model.apply(params, src, tgt)))
+    (p1, y1), (p2, y2) = outputs
+    assert jax.tree.structure(p1) == jax.tree.structure(p2)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)))
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
+
+
+def write_finished(sweep_dir, key, value, seed, test_bleu):
+    point = store.point_path(sweep_dir, key, value, seed)
+    point.mkdir(parents=True)
+    for name in ("metrics.jsonl", "config.json", "hypotheses.val.beam4.txt"):
+        (point / name).write_text(f"{name} of {key}{value} seed {seed}\n")
+    (point / "result.json").write_text(json.dumps({"point": f"{key}={value}", "value": value, "seed": seed, "test_bleu": test_bleu}))
+
+
+def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
+    results = tmp_path / "results"
+    store.write_spec(results / "heads", {"key": "h"})
+    (results / "heads" / "spm.model").write_bytes(b"vocabulary")
+    write_finished(results / "heads", "h", 8, 0, 40.0)
+    write_finished(results / "heads", "h", 4, 1, 39.0)  # not the shared value
+    config = tmp_path / "kv_like.py"
+    config.write_text(GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n')
+    module = sweep.load_module(config)
+    todo = sweep.pending(results, str(config), module, seeds=2)
+    assert [p.name for p in todo] == ["kv1_seed0", "kv1_seed1", "kv2_seed1"]  # kv2 seed 0 came from heads' h8 seed 0
+    stored = store.point_path(results / "kv_like", "kv", 2, 0)
+    result = json.loads((stored / "result.json").read_text())
+    assert result == {"point": "kv=2", "value": 2, "seed": 0, "test_bleu": 40.0, "shared_from": "heads/h8/seed0"}
+    assert (stored / "hypotheses.val.beam4.txt").read_text() == "hypotheses.val.beam4.txt of h8 seed 0\n"
+    assert (results / "kv_like" / "spm.model").read_bytes() == b"vocabulary"  # adopted, so the points tokenise alike
+    # Another vocabulary: a different run, so nothing is shared.
+    other = tmp_path / "other"
+    store.write_spec(other / "heads", {"key": "h"})
+    (other / "heads" / "spm.model").write_bytes(b"vocabulary")
+    write_finished(other / "heads", "h", 8, 0, 40.0)
+    (other / "kv_like").mkdir()
+    (other / "kv_like" / "spm.model").write_bytes(b"another vocabulary")
+    assert len(sweep.pending(other, str(config), module, seeds=1)) == 2
