@@ -15,6 +15,7 @@ import multiprocess_checks
 import sharding_checks
 from training.run import checkpoints
 
+pytestmark = pytest.mark.slow  # two jax.distributed processes and a reference run: `pytest -m slow`
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).parent
 

@@ -1,4 +1,8 @@
-"""End-to-end: train.py's loop on a Multi30k slice, resume, interruption, failures, eval.py."""
+"""End-to-end: train.py's loop on a Multi30k slice, resume, interruption, failures, eval.py.
+
+The default run keeps one straight run, its SIGTERM-and-resume twin, eval.py and the config checks;
+the other variants are marked slow (`pytest -m slow`).
+"""
 
 import json
 import os
@@ -19,7 +23,6 @@ from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 from training.run import checkpoints, loop, precision, step as step_lib
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -89,6 +92,7 @@ def test_a_run_writes_config_checkpoints_and_metrics(straight_run):
     assert load_run(workdir).step == best_step  # eval.py prefers the best checkpoint
 
 
+@pytest.mark.slow
 def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp_path, monkeypatch):
     first, resumed = tiny_config(10), tiny_config(20)
     first.model.dtype = resumed.model.dtype = "auto"  # resolved float32 here, then bfloat16 where it resumes:
@@ -115,6 +119,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(straight_run, tm
     assert_same_params(params_of(tmp_path, 20), params_of(straight_run[0], 20))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     config = tiny_config(20)
     config.checkpoint_every_steps = 1
@@ -126,6 +131,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
 
 
+@pytest.mark.slow
 def test_time_budget_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path):
     config = tiny_config(20)
     config.max_train_seconds = 1e-9
@@ -134,6 +140,7 @@ def test_time_budget_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["1"]
 
 
+@pytest.mark.slow
 def test_a_bfloat16_run_tracks_the_float32_run_and_keeps_float32_parameters(straight_run, tmp_path):
     config = tiny_config(20)
     config.model.dtype = "bfloat16"  # on the CPU: the row-major matmuls of backends/xla_cpu_bf16.py
@@ -144,6 +151,7 @@ def test_a_bfloat16_run_tracks_the_float32_run_and_keeps_float32_parameters(stra
     assert {x.dtype for x in jax.tree.leaves(params_of(tmp_path, 20))} == {np.dtype(np.float32)}
 
 
+@pytest.mark.slow
 def test_a_corrupt_latest_checkpoint_is_skipped_and_the_run_redoes_its_steps(straight_run, tmp_path):
     import shutil
 
