@@ -112,11 +112,15 @@ def machines(runs: list[dict]) -> str:
 
 
 def machine_label(key: str | None) -> str:
-    """A result's `machine` (precision.machine_key: "cpu|cpu|MODEL, ...|jax ..|jaxlib ..") as its device or CPU model."""
+    """A result's `machine` (precision.machine_key: "cpu|cpu|MODEL, BF16|jax ..|jaxlib ..") as its device, or
+    its CPU model and bfloat16 support: one model name covers CPUs that differ ~2x (a Zen 3 and a Zen 4 EPYC)."""
     if not key:
         return "unrecorded"
     platform, kind, *rest = key.split("|")
-    return rest[0].split(",")[0] if platform == "cpu" and rest else kind
+    if platform != "cpu" or not rest:
+        return kind
+    model, _, bf16 = rest[0].rpartition(", ")
+    return f"{model} ({bf16})" if model else rest[0]
 
 
 def markdown(rows: list[dict], spec: dict) -> str:

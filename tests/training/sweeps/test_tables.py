@@ -19,8 +19,8 @@ def test_rows_name_the_machines_their_runs_were_timed_on():
     runs = [{"value": 8, "seed": s, "commit": "a" * 40, "dirty": False, "test_bleu": 30.0 + s, **m}
             for s, m in enumerate([{"machine": epyc}, {}, {"machine": epyc}, {"machine": xeon}])]
     [row] = tables.aggregate(runs)
-    assert row["machines"] == "AMD EPYC × 2, unrecorded × 1, Intel(R) Xeon(R) Processor × 1"
+    assert row["machines"] == "AMD EPYC (no native bf16) × 2, unrecorded × 1, Intel(R) Xeon(R) Processor (native bf16) × 1"
     assert tables.machine_label("gpu|NVIDIA H200|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1") == "NVIDIA H200"
     table = tables.markdown([row], {"key": "h", "reference": 8})
     assert table.splitlines()[0].endswith("| commits | machines |")
-    assert table.splitlines()[2].endswith("| aaaaaaaaaa | AMD EPYC × 2, unrecorded × 1, Intel(R) Xeon(R) Processor × 1 |")
+    assert table.splitlines()[2].endswith("| aaaaaaaaaa | AMD EPYC (no native bf16) × 2, unrecorded × 1, Intel(R) Xeon(R) Processor (native bf16) × 1 |")
