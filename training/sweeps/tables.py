@@ -73,7 +73,7 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".png")]
     split = json.loads((store.point_path(sweep_dir, spec["key"], results[0]["value"], results[0]["seed"]) / "config.json").read_text())["data"]["eval_split"]
     run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
-    paths[0].write_text(markdown(rows, spec) + curves_markdown(run_curves, spec))
+    paths[0].write_text(markdown(rows, spec) + reading_markdown(rows, spec) + curves_markdown(run_curves, spec))
     write_csv(rows, paths[1])
     plot(rows, spec["key"], paths[2])
     if any(curve for _, curve in run_curves):
@@ -150,6 +150,37 @@ def markdown(rows: list[dict], spec: dict) -> str:
             f"(tokens/s, wall s) are means over the row's runs, each timed on the machine named in machines: they compare "
             f"only between rows timed on one machine.\n")
     return "\n".join(lines) + "\n" + note
+
+
+def reading_markdown(rows: list[dict], spec: dict) -> str:
+    """Point by point: does its test BLEU differ from the reference's at p < 0.05 in every seed pair, and which
+    way, beside the paper's dev BLEU difference for the same row (rows A and B)."""
+    key, reference = spec["key"], spec["reference"]
+    base = next((row for row in rows if row["value"] == reference), None)
+    if base is None:
+        return ""
+    paper_base = paper_numbers(key, base)
+    lines = [f"\n## Reading: what holds at p < 0.05\n",
+             f"| {key} | test BLEU − {key}={reference}'s (means) | seed pairs with p < 0.05 | verdict | paper: dev BLEU − its {key}={reference}'s |",
+             "|---|---:|---:|---|---:|"]
+    for row in rows:
+        if row["value"] == reference:
+            continue
+        delta = row["test_bleu_mean"] - base["test_bleu_mean"]
+        p_values = row.get("p_values", [])
+        below = sum(p < 0.05 for p in p_values)
+        if not p_values:
+            verdict = "no seed pair to test"
+        elif below == len(p_values):
+            verdict = f"**{'lower' if delta < 0 else 'higher'}** (every seed pair)"
+        else:
+            verdict = "no difference that holds in every seed pair"
+        paper = paper_numbers(key, row)
+        paper_delta = f"{paper[1] - paper_base[1]:+.1f}" if paper and paper_base else "–"
+        lines.append(f"| {row['value']} | {delta:+.2f} | {below} of {len(p_values)} | {verdict} | {paper_delta} |")
+    lines.append(f"\nA difference holds when sacreBLEU's paired bootstrap gives p < 0.05 in every seed pair (seed k against "
+                 f"{key}={reference}'s seed k); the paper's differences are single runs on WMT14 newstest2013, without a test.\n")
+    return "\n".join(lines) + "\n"
 
 
 def curves_markdown(run_curves: list[tuple[int, curves.Curve]], spec: dict) -> str:

@@ -24,3 +24,19 @@ def test_rows_name_the_machines_their_runs_were_timed_on():
     table = tables.markdown([row], {"key": "h", "reference": 8})
     assert table.splitlines()[0].endswith("| commits | machines |")
     assert table.splitlines()[2].endswith("| aaaaaaaaaa | AMD EPYC (no native bf16) × 2, unrecorded × 1, Intel(R) Xeon(R) Processor (native bf16) × 1 |")
+
+
+def test_the_reading_says_what_holds_in_every_seed_pair():
+    rows = [{"value": 1, "test_bleu_mean": 39.0, "p_values": [0.01, 0.03, 0.2]},
+            {"value": 4, "test_bleu_mean": 39.5, "p_values": [0.001, 0.04]},
+            {"value": 8, "test_bleu_mean": 40.0},
+            {"value": 16, "test_bleu_mean": 40.3, "p_values": [0.02, 0.049]},
+            {"value": 32, "test_bleu_mean": 39.1}]
+    lines = tables.reading_markdown(rows, {"key": "h", "reference": 8}).splitlines()
+    body = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines if line.startswith("| ") and line[2].isdigit()}
+    assert body["1"] == ["-1.00", "2 of 3", "no difference that holds in every seed pair", "-0.9"]  # paper: 24.9 vs 25.8
+    assert body["4"] == ["-0.50", "2 of 2", "**lower** (every seed pair)", "-0.3"]
+    assert body["16"] == ["+0.30", "2 of 2", "**higher** (every seed pair)", "+0.0"]
+    assert body["32"] == ["-0.90", "0 of 0", "no seed pair to test", "-0.4"]
+    assert "8" not in body
+    assert tables.reading_markdown(rows[:2], {"key": "h", "reference": 8}) == ""  # no reference row yet
