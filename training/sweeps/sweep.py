@@ -23,8 +23,10 @@ import importlib.util
 import json
 import re
 import shlex
+import signal
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -275,13 +277,19 @@ def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: 
     Path(workdir).mkdir(parents=True, exist_ok=True)
     running: list[tuple[Point, subprocess.Popen, object]] = []
     failed: list[Point] = []
+    # SIGTERM's default action ends this process at once and would orphan the points, which train on;
+    # as an exit, it reaches the `finally` below, which passes it on and waits for their checkpoints.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         _drive(program, config_path, Path(workdir), Path(results_dir), sweep_dir(results_dir, module), jobs, todo, running, failed)
     finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the wait short
         for _, process, log in running:
             process.terminate()
+        for _, process, log in running:
             process.wait()
             log.close()
+        signal.signal(signal.SIGTERM, previous)
     return failed
 
 

@@ -3,8 +3,10 @@
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -167,3 +169,32 @@ def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
     (other / "kv_like").mkdir()
     (other / "kv_like" / "spm.model").write_bytes(b"another vocabulary")
     assert len(sweep.pending(other, str(config), module, seeds=1)) == 2
+
+
+FAKE_POINT = '''import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[sys.argv.index("--workdir") + 1])
+def stop(signum, frame):
+    (out / "terminated").write_text(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+(out / "started").write_text("")
+time.sleep(120)
+'''
+
+
+def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
+    # Killing a sweep must not orphan the point it runs (which would train on, unseen): the point gets the
+    # SIGTERM too (a real one checkpoints on it), and the sweep waits for it before it exits.
+    (tmp_path / "point.py").write_text(FAKE_POINT)
+    code = ("import sys; from pathlib import Path; from training.sweeps import sweep; "
+            f"sweep.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
+            f"Path({str(tmp_path / 'results')!r}), 1)")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(600):
+        if (tmp_path / "started").exists() or parent.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert (tmp_path / "started").exists(), parent.communicate()[0]
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) == 128 + signal.SIGTERM
+    assert (tmp_path / "terminated").read_text() == str(int(signal.SIGTERM))
