@@ -1,0 +1,72 @@
+"""Decode speed of trained sweep points side by side: one sitting, one core, alternating order.
+
+    MULTI30K_DIR=... taskset -c 1 python -m bench.sweep_decode runs/heads/h8_seed2 runs/kv/kv4_seed0 \\
+        runs/kv/kv2_seed0 runs/kv/kv1_seed0 --rounds 3            (results/kv_decode.md)
+
+A sweep table's decode tokens/s is measured once per point, at the end of its run, on whichever
+machine ran it, so between points it compares machines and sittings as much as models. This
+measures trained workdirs together instead, with the tables' own measure
+(`evaluate.decoding_speed`: the eval split's first 64 sources, greedy and beam 4, cache bytes per
+target token), each workdir in turn, the order rotated every round, and each one's rate as a
+ratio to the first workdir's in the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import jax
+
+from bench.peer import cpu_description
+from training.data.corpus import load_corpus
+from training.evaluation import evaluate
+from training.evaluation.loaded import load_run
+
+RATES = {"greedy": "decode_tokens_per_s_beam1", "beam 4": "decode_tokens_per_s_beam4"}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workdirs", nargs="+", help="trained workdirs; the first is the reference")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=64, help="sources in the timed batch (the sweep's 64)")
+    args = parser.parse_args()
+    if len(args.workdirs) < 2:
+        parser.error(f"workdirs: got {len(args.workdirs)}; expected at least 2 to compare")
+
+    runs = [load_run(w) for w in args.workdirs]
+    config = runs[0].config
+    dev = load_corpus(config, config.data.eval_split)
+    print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
+    print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; {config.data.eval_split} sources 1-{args.rows}, "
+          f"median of 3 timed decodes after a warm-up, per workdir and round\n")
+    print("| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy vs first | beam-4 vs first |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    ratios = {(w, name): [] for w in args.workdirs[1:] for name in RATES}
+    for r in range(args.rounds):
+        order = [(i + r) % len(runs) for i in range(len(runs))]
+        measured = {}
+        for i in order:
+            run = runs[i]
+            src_ids = run.vocab.encode(list(dev.src[: args.rows]))
+            measured[i] = evaluate.decoding_speed(run.model, run.params, src_ids, run.config.data.bucket_lengths)
+        for i, (workdir, run) in enumerate(zip(args.workdirs, runs)):
+            m, first = measured[i], measured[0]
+            vs = {name: m[key] / first[key] for name, key in RATES.items()}
+            if i:
+                for name in RATES:
+                    ratios[(workdir, name)].append(vs[name])
+            print(f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} | {m['kv_cache_bytes_per_token']:,.0f} | "
+                  f"{m[RATES['greedy']]:,.0f} | {m[RATES['beam 4']]:,.0f} | {vs['greedy']:.2f} | {vs['beam 4']:.2f} |", flush=True)
+    print(f"\n| workdir | greedy tok/s vs {args.workdirs[0]}, median (each round) | beam-4 tok/s vs it, median (each round) |")
+    print("|---|---:|---:|")
+    for workdir in args.workdirs[1:]:
+        cells = [f"**{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"
+                 for xs in (ratios[(workdir, name)] for name in RATES)]
+        print(f"| {workdir} | {' | '.join(cells)} |")
+
+
+if __name__ == "__main__":
+    main()
