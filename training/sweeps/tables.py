@@ -197,7 +197,7 @@ def curves_markdown(run_curves: list[tuple[int, curves.Curve]], spec: dict) -> s
         entry["tail"].append(curves.tail_improvement(curve))
         entry["steps"].append(curves.steps_to_loss(curve, target))
     mean = statistics.fmean
-    spread = lambda xs: f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
+    spread = lambda xs, fmt: f" ± {statistics.stdev(xs):{fmt}}" if len(xs) > 1 else ""  # in its mean's format
     reference_steps = mean(per_value[reference]["steps"]) if reference in per_value else None
     first = run_curves[0][1]
     lines = [f"\n## Dev curves (evaluated every {first[1][0] - first[0][0]} steps)\n",
@@ -206,9 +206,9 @@ def curves_markdown(run_curves: list[tuple[int, curves.Curve]], spec: dict) -> s
     for value, entry in per_value.items():
         steps = mean(entry["steps"])
         ratio = f"{steps / reference_steps:.2f}" if reference_steps else "–"
-        lines.append(f"| {value} | {mean(entry['final']):.3f}{spread(entry['final'])} | "
-                     f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']])} | "
-                     f"{steps:,.0f}{spread(entry['steps'])} | {ratio} | {len(entry['final'])} |")
+        lines.append(f"| {value} | {mean(entry['final']):.3f}{spread(entry['final'], '.3f')} | "
+                     f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']], '.2f')} | "
+                     f"{steps:,.0f}{spread(entry['steps'], ',.0f')} | {ratio} | {len(entry['final'])} |")
     lines.append(f"\nDev loss is the NLL per target token. Steps to {target:.3f} (the highest final dev loss of any run, "
                  "so every run reaches it) are interpolated linearly between evaluations; mean ± sd over seeds.\n")
     return "\n".join(lines) + "\n"
