@@ -27,6 +27,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -230,14 +231,29 @@ def shared_vocabulary(config, out: Path) -> Path:
     return path
 
 
-def _timed(path: Path, fn) -> None:
-    """Run `fn`, adding its wall time to the seconds stored at `path` (so resumed runs add up)."""
+def _timed(path: Path, fn, every_s: float = 30.0) -> None:
+    """Run `fn`, adding its wall time to the seconds stored at `path` (so resumed runs add up).
+
+    The total is also rewritten every `every_s` seconds: a process killed with no chance to clean
+    up (SIGKILL, a machine restart) loses at most that much of its time, not all of it.
+    """
     spent = json.loads(path.read_text())["seconds"] if path.exists() else 0.0
     started = time.monotonic()
+    save = lambda: files.write_atomic(path, json.dumps({"seconds": spent + time.monotonic() - started}))
+    stop = threading.Event()
+
+    def keep_saving():
+        while not stop.wait(every_s):
+            save()
+
+    saver = threading.Thread(target=keep_saving, daemon=True)
+    saver.start()
     try:
         fn()
     finally:
-        files.write_atomic(path, json.dumps({"seconds": spent + time.monotonic() - started}))
+        stop.set()
+        saver.join()
+        save()
 
 
 def measure(run_dir: Path, test_split: str | None) -> dict:
