@@ -37,11 +37,15 @@ def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path)
     }
 
 
+GROWING_CACHES = ("cached_key", "cached_value", "cached_latent")  # the decode caches that hold one entry a position
+
+
 def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6, max_extra_length: int = 50, repeats: int = 3) -> dict:
     """Decode-cache bytes per target token and output tokens/s of greedy and beam search on one batch.
 
     src_ids: the batch's source token ids (one padded batch at the bucket of the longest). Cache bytes are
-    summed from the arrays `init_cache` allocates (every decoder layer's K and V, over batch * length);
+    summed from the growing arrays `init_cache` allocates (every decoder layer's K and V, or MLA's latent, over
+    batch * length; performer's fixed-size state does not grow with the output and is not counted);
     tokens/s counts each sentence's output tokens up to its EOS, median of `repeats` timed runs after a warm-up.
     """
     src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read, as translate does
@@ -50,7 +54,7 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     max_len = min(length + max_extra_length, model.config.max_len)
     encoded = model.apply({"params": params}, src, method="encode")
     cache = decoding.init_cache(model, params, encoded, src, max_len)
-    kv = [x for path, x in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key in ("cached_key", "cached_value")]
+    kv = [x for path, x in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key in GROWING_CACHES]
     result = {"kv_cache_bytes_per_token": sum(x.nbytes for x in kv) / (src.shape[0] * max_len), "decode_batch": src.shape[0]}
     for beam_size in beam_sizes:
         decode = translate.decoder(model, beam_size, alpha, max_len)

@@ -1,4 +1,4 @@
-"""`evaluate.decoding_speed`: cache bytes per token by hand, and sources longer than the model reads."""
+"""`evaluate.decoding_speed`: cache bytes per token by hand (K/V, and MLA's latent), and sources longer than the model reads."""
 
 import jax
 import jax.numpy as jnp
@@ -17,3 +17,14 @@ def test_cache_bytes_by_hand_and_an_over_long_source_is_cut_to_max_len():
     # float32 K and V of 2 KV heads of 4 dims, in each of 2 decoder layers: 2 * 2 * 2 * 4 * 4 bytes a token
     assert result["kv_cache_bytes_per_token"] == 2 * 2 * 2 * 4 * 4
     assert result["decode_batch"] == 2 and result["decode_tokens_per_s_beam1"] > 0
+
+
+def test_mla_counts_its_latent_cache():
+    config = TransformerConfig(vocab_size=20, d_model=16, num_heads=4, num_layers=2, mlp_dim=24, max_len=8, dropout_rate=0.0,
+                               attention_type="mla", attention_options={"latent_dim": 6})
+    model = Transformer(config)
+    params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
+    result = decoding_speed(model, params, [[5, 6, 7]], bucket_lengths=(4, 8), beam_sizes=(1,), repeats=1)
+    # one float32 latent of d_c = 6 a token in each of 2 decoder self-attentions (the cross-attention's source K/V
+    # are a fixed cache, not one that grows with the output)
+    assert result["kv_cache_bytes_per_token"] == 2 * 6 * 4
