@@ -37,7 +37,7 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
     return scores["BLEU"][1].p_value
 
 
-def seed_pair_p_values(sweep_dir: Path, spec: dict, results: list[dict]) -> dict[int, list[float]]:
+def seed_pair_p_values(sweep_dir: Path, spec: dict, results: list[dict]) -> dict[int | str, list[float]]:
     """{value: [p of seed k against the reference's seed k, for each seed both have]}; {} without a test split."""
     split = spec.get("test_split")
     references_file = store.references_path(sweep_dir, split) if split else None

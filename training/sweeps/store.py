@@ -32,8 +32,13 @@ def point_dir(sweep_dir: Path, point) -> Path:
     return point_path(sweep_dir, point.key, point.value, point.seed)
 
 
-def point_path(sweep_dir: Path, key: str, value: int, seed: int) -> Path:
-    return Path(sweep_dir) / f"{key}{value}" / f"seed{seed}"
+def point_label(key: str, value: int | str) -> str:
+    """A point's directory name: key and value, joined by '_' when the value is a name ("h8", "attention_lsh")."""
+    return f"{key}_{value}" if isinstance(value, str) else f"{key}{value}"
+
+
+def point_path(sweep_dir: Path, key: str, value: int | str, seed: int) -> Path:
+    return Path(sweep_dir) / point_label(key, value) / f"seed{seed}"
 
 
 def is_finished(sweep_dir: Path, point) -> bool:

@@ -2,8 +2,9 @@
 
 A sweep config module (e.g. configs/ablation_heads.py) is an ordinary config whose argument
 `KEY=VALUE` selects a point, plus five names: `SWEEP_NAME` (the results' name), `SWEEP_KEY`,
-`SWEEP_VALUES`, `SWEEP_REFERENCE` (the value every point is compared with) and `SWEEP_TEST_SPLIT`
-(a held-out split also scored, or None). A point trains in WORKDIR/KEYVALUE_seedK (checkpoints,
+`SWEEP_VALUES` (positive ints, or names such as attention types), `SWEEP_REFERENCE` (the value
+every point is compared with) and `SWEEP_TEST_SPLIT` (a held-out split also scored, or None). A
+point trains in WORKDIR/KEYVALUE_seedK (KEY_VALUE_seedK for a name; checkpoints,
 logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (training/sweeps/store.py), and a
 point whose result.json is there is finished, on whichever machine that directory is checked out.
 All points share one SentencePiece vocabulary (RESULTS_DIR/NAME/spm.model), so the only
@@ -51,13 +52,13 @@ SWEEP_NAMES = ("SWEEP_NAME", "SWEEP_KEY", "SWEEP_VALUES", "SWEEP_REFERENCE", "SW
 @dataclasses.dataclass(frozen=True)
 class Point:
     key: str
-    value: int
+    value: int | str
     seed: int
 
     @property
     def name(self) -> str:
         """The point's workdir (and log) name."""
-        return f"{self.key}{self.value}_seed{self.seed}"
+        return f"{store.point_label(self.key, self.value)}_seed{self.seed}"
 
     @property
     def arg(self) -> str:
@@ -89,8 +90,8 @@ def _check(config_path, module: ModuleType) -> None:
         raise bad("SWEEP_KEY", "the config argument's key, letters and '_' only (e.g. 'h')")
     values = module.SWEEP_VALUES
     if (not isinstance(values, (tuple, list)) or not values or len(set(values)) != len(values)
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
-        raise bad("SWEEP_VALUES", "a non-empty tuple of distinct positive ints")
+            or not (all(map(_is_count, values)) or all(map(_is_name, values)))):
+        raise bad("SWEEP_VALUES", "a non-empty tuple of distinct positive ints, or of distinct names (lower-case letters, digits, '_')")
     if module.SWEEP_REFERENCE not in values:
         raise bad("SWEEP_REFERENCE", f"one of SWEEP_VALUES {tuple(values)}")
     if module.SWEEP_TEST_SPLIT is not None and not isinstance(module.SWEEP_TEST_SPLIT, str):
@@ -99,8 +100,17 @@ def _check(config_path, module: ModuleType) -> None:
     if shared is not None and not (
             isinstance(shared, tuple) and len(shared) == 2 and isinstance(shared[0], str)
             and re.fullmatch(r"[A-Za-z0-9_-]+", shared[0]) and shared[0] != module.SWEEP_NAME
-            and isinstance(shared[1], int) and not isinstance(shared[1], bool) and shared[1] > 0):
+            and (_is_count(shared[1]) or _is_name(shared[1]))):
         raise bad("SWEEP_SHARED_REFERENCE", "None or (another sweep's SWEEP_NAME, its value that is the same run as SWEEP_REFERENCE)")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_name(value) -> bool:
+    """A categorical sweep value, such as an attention type."""
+    return isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]*", value) is not None
 
 
 def points(module: ModuleType, seeds: int) -> list[Point]:
@@ -116,12 +126,13 @@ def sweep_dir(results_dir: str | Path, module: ModuleType) -> Path:
 
 def parse_point(arg: str, seed: int, module: ModuleType) -> Point:
     """The point `--point KEY=VALUE --seed K` names, checked against the sweep config."""
-    key, _, value = arg.partition("=")
-    if key != module.SWEEP_KEY or not value.isdigit() or int(value) not in module.SWEEP_VALUES:
+    key, _, text = arg.partition("=")
+    value = int(text) if text.isdigit() else text
+    if key != module.SWEEP_KEY or value not in module.SWEEP_VALUES:
         raise ValueError(f"--point {arg!r}: expected {module.SWEEP_KEY}=<one of {tuple(module.SWEEP_VALUES)}>")
     if seed < 0:
         raise ValueError(f"--seed must be >= 0, got {seed}")
-    return Point(key, int(value), seed)
+    return Point(key, value, seed)
 
 
 def point_command(program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point) -> list[str]:

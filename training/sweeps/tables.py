@@ -42,9 +42,15 @@ COLUMNS = {  # by the sweep's key; any other key gets HEADS' columns
            ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"), *TRAIN],
     "dk": [("h", "num_heads", "{:d}"), ("d_k", "head_dim", "{:d}"), ("d_v", "v_head_dim", "{:d}"),
            ("parameters", "parameters", "{:,d}"), *SCORES, *TRAIN],
+    "attention": [("attention_type", "value", "{}"), ("parameters", "parameters", "{:,d}"), *SCORES,
+                  ("KV-cache bytes/token", "kv_cache_bytes_per_token", "{:,.0f}"),
+                  ("greedy tokens/s", "decode_tokens_per_s_beam1", "{:,.0f}"),
+                  ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"), *TRAIN],
 }
 SPREAD_FIELDS = {"dev_perplexity", "dev_bleu", "test_perplexity", "test_bleu"}
-X_LABELS = {"h": "heads h (d_k = d_v = d_model / h)", "kv": "KV heads (h = 8)", "dk": "query/key width d_k per head (h = 8, d_v fixed)"}
+X_LABELS = {"h": "heads h (d_k = d_v = d_model / h)", "kv": "KV heads (h = 8)", "dk": "query/key width d_k per head (h = 8, d_v fixed)",
+            "attention": "attention_type (h = 8)"}
+DECODE_PANEL = ("kv", "attention")  # sweeps whose plot adds decode speed and cache size
 
 
 def collect(results_dir: Path, names: list[str] | None = None) -> list[Path]:
@@ -82,7 +88,7 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     return paths
 
 
-def aggregate(results: list[dict], p_values: dict[int, list[float]] | None = None) -> list[dict]:
+def aggregate(results: list[dict], p_values: dict[int | str, list[float]] | None = None) -> list[dict]:
     """One row per swept value: shared fields from its first seed, `_mean`/`_std` of every number,
     `p_values` (against the reference point, seed pair by seed pair) where given."""
     rows = []
@@ -183,7 +189,7 @@ def reading_markdown(rows: list[dict], spec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curves_markdown(run_curves: list[tuple[int, curves.Curve]], spec: dict) -> str:
+def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict) -> str:
     """The dev-curve section: final dev loss, the last 20 % of steps' perplexity gain, steps to a common dev loss."""
     run_curves = [(value, curve) for value, curve in run_curves if len(curve) >= 2]
     if not run_curves:
@@ -214,7 +220,7 @@ def curves_markdown(run_curves: list[tuple[int, curves.Curve]], spec: dict) -> s
     return "\n".join(lines) + "\n"
 
 
-def plot_curves(run_curves: list[tuple[int, curves.Curve]], key: str, path: Path) -> None:
+def plot_curves(run_curves: list[tuple[int | str, curves.Curve]], key: str, path: Path) -> None:
     """Dev loss against step, one line per run, one colour per swept value."""
     fig, ax = plt.subplots(figsize=(6, 4))
     colours = {value: f"C{i}" for i, value in enumerate(dict.fromkeys(v for v, _ in run_curves))}
@@ -243,15 +249,14 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 def plot(rows: list[dict], key: str, path: Path) -> None:
     """BLEU and perplexity against the swept value, mean ± std over seeds (the paper's on a twin axis)."""
-    x = [row["value"] for row in rows]
-    panels = 3 if key == "kv" else 2
+    values = [row["value"] for row in rows]
+    x = list(range(len(values))) if isinstance(values[0], str) else values  # names: evenly spaced
+    panels = 3 if key in DECODE_PANEL else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     for ax, field, label, paper_index in ((axes[0], "dev_bleu", "dev BLEU", 1), (axes[1], "dev_perplexity", "dev perplexity", 0)):
         ax.errorbar(x, [r[field + "_mean"] for r in rows], yerr=[r[field + "_std"] for r in rows],
                     marker="o", capsize=4, label="headcount, Multi30k de→en (mean ± std)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(x, [str(v) for v in x])
-        ax.set_xlabel(X_LABELS.get(key, key))
+        _value_axis(ax, x, values, X_LABELS.get(key, key))
         ax.set_ylabel(label)
         if key == "h":
             twin = ax.twinx()
@@ -262,13 +267,11 @@ def plot(rows: list[dict], key: str, path: Path) -> None:
             ax.legend(handles=handles, fontsize=8, loc="best")
         else:
             ax.legend(fontsize=8, loc="best")
-    if key == "kv":
+    if key in DECODE_PANEL:
         ax = axes[2]
         for beam in (1, 4):
             ax.plot(x, [r[f"decode_tokens_per_s_beam{beam}_mean"] for r in rows], "o-", label=f"decode tokens/s, beam {beam}")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(x, [str(v) for v in x])
-        ax.set_xlabel("KV heads (h = 8)")
+        _value_axis(ax, x, values, X_LABELS.get(key, key))
         ax.set_ylabel("decode tokens/s")
         twin = ax.twinx()
         twin.plot(x, [r["kv_cache_bytes_per_token_mean"] for r in rows], "s--", color="tab:gray", label="KV-cache bytes/token")
@@ -278,3 +281,13 @@ def plot(rows: list[dict], key: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _value_axis(ax, x, values, label) -> None:
+    """The swept values on a log-2 axis (counts: heads, widths) or evenly spaced (names)."""
+    if x is not values:
+        ax.set_xticks(x, values, rotation=30)
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(v) for v in x])
+    ax.set_xlabel(label)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import ablation_dk, ablation_heads, ablation_kv
+from configs import ablation_dk, ablation_family, ablation_heads, ablation_kv
 from training import config as config_lib
 from training.sweeps import store, sweep
 
@@ -38,7 +38,8 @@ def test_bad_sweep_config(tmp_path):
     ("SWEEP_VALUES = (1, 1)", "SWEEP_VALUES"), ("SWEEP_VALUES = (0, 2)", "SWEEP_VALUES"), ('SWEEP_VALUES = ("1", 2)', "SWEEP_VALUES"),
     ("SWEEP_REFERENCE = 8", "SWEEP_REFERENCE"), ("SWEEP_TEST_SPLIT = 3", "SWEEP_TEST_SPLIT"),
     ('SWEEP_SHARED_REFERENCE = "heads"', "SWEEP_SHARED_REFERENCE"), ('SWEEP_SHARED_REFERENCE = ("s", 2)', "SWEEP_SHARED_REFERENCE"),
-    ('SWEEP_SHARED_REFERENCE = ("heads", 0)', "SWEEP_SHARED_REFERENCE"),
+    ('SWEEP_SHARED_REFERENCE = ("heads", 0)', "SWEEP_SHARED_REFERENCE"), ('SWEEP_VALUES = ("lsh", 2)', "SWEEP_VALUES"),
+    ('SWEEP_VALUES = ("Big Bird", "lsh")', "SWEEP_VALUES"), ('SWEEP_VALUES = ("lsh", "mla")', "SWEEP_REFERENCE"),
 ])
 def test_bad_sweep_fields_are_named(tmp_path, line, field):
     path = tmp_path / "bad.py"
@@ -55,6 +56,13 @@ def test_bad_point_is_named():
             sweep.parse_point(arg, 0, module)
     with pytest.raises(ValueError, match="--seed"):
         sweep.parse_point("h=2", -1, module)
+    family = sweep.load_module(ROOT / "configs/ablation_family.py")  # a sweep over names
+    point = sweep.parse_point("attention=lsh", 1, family)
+    assert point == sweep.Point("attention", "lsh", 1) and point.name == "attention_lsh_seed1"
+    assert store.point_dir(Path("r"), point) == Path("r/attention_lsh/seed1")
+    for arg in ("attention=flash", "attention=1", "h=8"):
+        with pytest.raises(ValueError, match="--point"):
+            sweep.parse_point(arg, 0, family)
     with pytest.raises(ValueError, match="--jobs"):
         sweep.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=0)
 
@@ -89,6 +97,32 @@ def test_dk_sweep_fixes_d_v():
     sweep.load_module(ROOT / "configs/ablation_dk.py")  # a valid sweep config
 
 
+def test_family_sweep_members_differ_from_softmax_at_translation_lengths():
+    # The family sweep's options are sized so that each approximation bites on a ~20-token sentence (with the
+    # papers' 64-token blocks, bigbird equals softmax there): every member the sweep sets options
+    # for, same init key, either has parameters of its own or computes other outputs than softmax from the same
+    # ones. (Every member's model and config path: tests/models/test_transformer_family.py, test_attention_types.py.)
+    assert ablation_family.SWEEP_VALUES[0] == ablation_family.SWEEP_REFERENCE == "softmax"
+    assert set(ablation_family.OPTIONS) == set(ablation_family.SWEEP_VALUES)
+    src = jnp.asarray(np.random.default_rng(0).integers(3, 64, size=(2, 24)), jnp.int32)
+    tgt = jnp.asarray(np.random.default_rng(1).integers(3, 64, size=(2, 20)), jnp.int32)
+    outputs = {}
+    for name in [n for n in ablation_family.SWEEP_VALUES if n == "softmax" or ablation_family.OPTIONS[n]]:
+        config = ablation_family.get_config(f"attention={name}")
+        config.model.update(d_model=64, mlp_dim=64, num_layers=1)  # small and quick; h = 8 and the member's options as swept
+        config_lib.validate(config)
+        model = config_lib.build_model(config, Vocab(), "float32")
+        params = model.init(jax.random.key(0), src, tgt)
+        outputs[name] = (params, model.apply(params, src, tgt))
+        assert np.isfinite(np.asarray(outputs[name][1])).all(), name
+    softmax_params, softmax_out = outputs.pop("softmax")
+    for name, (params, out) in outputs.items():
+        same_params = jax.tree.structure(params) == jax.tree.structure(softmax_params)
+        assert not same_params or not np.allclose(out, softmax_out, atol=1e-4), name
+    with pytest.raises(ValueError, match="attention=<one of"):
+        ablation_family.get_config("attention=flash")
+
+
 @pytest.mark.slow
 def test_a_point_stopped_before_its_last_step_is_not_stored(tmp_path):
     if not os.environ.get("MULTI30K_DIR"):
@@ -116,13 +150,14 @@ class Vocab:
 
 @pytest.mark.parametrize("module, arg, spelled", [
     (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}), (ablation_kv, "kv=8", {"model.num_kv_heads": 8}),
+    (ablation_family, "attention=softmax", {}),
 ])
 def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled):
     # The reference seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE) must be the run they would train:
     # the configs differ only in spelling out h = 8's defaults, and build a model with the same parameters and outputs.
     assert module.SWEEP_SHARED_REFERENCE == (ablation_heads.SWEEP_NAME, ablation_heads.SWEEP_REFERENCE)
     ours, heads = module.get_config(arg), ablation_heads.get_config("h=8")
-    assert module.SWEEP_REFERENCE == int(arg.split("=")[1])
+    assert f"{module.SWEEP_KEY}={module.SWEEP_REFERENCE}" == arg
     differing = {k: v for k, v in flat(ours).items() if flat(heads)[k] != v}
     assert differing == spelled and all(flat(heads)[k] is None for k in spelled)
     src, tgt = jnp.arange(1, 13).reshape(2, 6) % 64, jnp.arange(3, 15).reshape(2, 6) % 64

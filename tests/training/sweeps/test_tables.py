@@ -1,4 +1,5 @@
-"""The paper's Table 3 numbers beside each row (Vaswani et al. 2017, rows A and B, newstest2013)."""
+"""The sweep tables: the paper's Table 3 numbers beside each row (Vaswani et al. 2017, rows A and B, newstest2013),
+the machines, the reading, and sweeps over names (attention types) as well as counts."""
 
 from training.sweeps import tables
 
@@ -40,3 +41,18 @@ def test_the_reading_says_what_holds_in_every_seed_pair():
     assert body["32"] == ["-0.90", "0 of 0", "no seed pair to test", "-0.4"]
     assert "8" not in body
     assert tables.reading_markdown(rows[:2], {"key": "h", "reference": 8}) == ""  # no reference row yet
+
+
+def test_a_sweep_over_names_gets_its_table_and_plot(tmp_path):
+    runs = [{"value": name, "seed": seed, "parameters": 100 + i, "test_bleu": 30.0 + i + seed, "dev_bleu": 29.0 + i,
+             "dev_perplexity": 6.0 - i, "test_perplexity": 6.5 - i, "kv_cache_bytes_per_token": 512.0 / (i + 1),
+             "decode_tokens_per_s_beam1": 900.0, "decode_tokens_per_s_beam4": 200.0}
+            for i, name in enumerate(["softmax", "performer", "mla"]) for seed in (0, 1)]
+    rows = tables.aggregate(runs, {"performer": [0.01, 0.02], "mla": [0.2, 0.01]})
+    spec = {"key": "attention", "reference": "softmax"}
+    table = tables.markdown(rows, spec).splitlines()
+    assert table[0].startswith("| attention_type | parameters | dev PPL |") and "KV-cache bytes/token" in table[0]
+    assert table[3].startswith("| performer | 101 |") and "| 0.010 / 0.020 | 2 |" in table[3]
+    assert "| mla | +2.00 | 1 of 2 | no difference that holds in every seed pair | – |" in tables.reading_markdown(rows, spec)
+    tables.plot(rows, "attention", tmp_path / "family.png")
+    assert (tmp_path / "family.png").stat().st_size > 0
