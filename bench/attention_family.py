@@ -60,7 +60,9 @@ def formulations(N: int, causal: bool, q, k, v):
         if spec is None or spec.projects or (causal and not spec.causal):
             continue
         module = spec.module(**member_options(name, N))
-        params = module.init(jax.random.key(0), q, k, v, is_causal=causal)
+        # jitted, so the forward pass init runs on the way is dead code: eager, span and entmax build their
+        # [H, N, N] logits at N = 16384 (8 GiB each) and the process was killed for memory
+        params = jax.jit(module.init, static_argnames="is_causal")(jax.random.key(0), q, k, v, is_causal=causal)
         key_of = (lambda q, k: q) if spec.shared_qk else (lambda q, k: k)
         out[name] = (lambda module, params, key_of: lambda q, k, v: module.apply(
             params, q, key_of(q, k), v, is_causal=causal))(module, params, key_of)
