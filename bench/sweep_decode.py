@@ -44,14 +44,14 @@ def main():
           f"median of 3 timed decodes after a warm-up, per workdir and round\n")
     print("| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy vs first | beam-4 vs first |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    sources = [run.vocab.encode(list(dev.src[: args.rows])) for run in runs]
     ratios = {(w, name): [] for w in args.workdirs[1:] for name in RATES}
     for r in range(args.rounds):
         order = [(i + r) % len(runs) for i in range(len(runs))]
         measured = {}
         for i in order:
             run = runs[i]
-            src_ids = run.vocab.encode(list(dev.src[: args.rows]))
-            measured[i] = evaluate.decoding_speed(run.model, run.params, src_ids, run.config.data.bucket_lengths)
+            measured[i] = evaluate.decoding_speed(run.model, run.params, sources[i], run.config.data.bucket_lengths)
         for i, (workdir, run) in enumerate(zip(args.workdirs, runs)):
             m, first = measured[i], measured[0]
             vs = {name: m[key] / first[key] for name, key in RATES.items()}

@@ -16,6 +16,8 @@ from training.data.corpus import load_corpus
 from training.evaluation import dev, translate
 from training.evaluation.loaded import LoadedRun, load_run
 
+GROWING_CACHES = ("cached_key", "cached_value", "cached_latent")  # the decode caches that hold one entry a position
+
 
 def evaluate_split(workdir: str | Path, split: str, beam_size: int) -> dict:
     """Perplexity and beam-search sacreBLEU on `split`; hypotheses go to the workdir."""
@@ -35,9 +37,6 @@ def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path)
         "split": split, "beam_size": beam_size, "loss": nll, "perplexity": dev.perplexity(nll),
         "bleu": bleu, "signature": signature, "hypotheses": str(out_path),
     }
-
-
-GROWING_CACHES = ("cached_key", "cached_value", "cached_latent")  # the decode caches that hold one entry a position
 
 
 def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6, max_extra_length: int = 50, repeats: int = 3) -> dict:

@@ -250,13 +250,13 @@ def write_csv(rows: list[dict], path: Path) -> None:
 def plot(rows: list[dict], key: str, path: Path) -> None:
     """BLEU and perplexity against the swept value, mean ± std over seeds (the paper's on a twin axis)."""
     values = [row["value"] for row in rows]
-    x = list(range(len(values))) if isinstance(values[0], str) else values  # names: evenly spaced
+    x = _positions(values)
     panels = 3 if key in DECODE_PANEL else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     for ax, field, label, paper_index in ((axes[0], "dev_bleu", "dev BLEU", 1), (axes[1], "dev_perplexity", "dev perplexity", 0)):
         ax.errorbar(x, [r[field + "_mean"] for r in rows], yerr=[r[field + "_std"] for r in rows],
                     marker="o", capsize=4, label="headcount, Multi30k de→en (mean ± std)")
-        _value_axis(ax, x, values, X_LABELS.get(key, key))
+        _value_axis(ax, values, X_LABELS.get(key, key))
         ax.set_ylabel(label)
         if key == "h":
             twin = ax.twinx()
@@ -271,7 +271,7 @@ def plot(rows: list[dict], key: str, path: Path) -> None:
         ax = axes[2]
         for beam in (1, 4):
             ax.plot(x, [r[f"decode_tokens_per_s_beam{beam}_mean"] for r in rows], "o-", label=f"decode tokens/s, beam {beam}")
-        _value_axis(ax, x, values, X_LABELS.get(key, key))
+        _value_axis(ax, values, X_LABELS.get(key, key))
         ax.set_ylabel("decode tokens/s")
         twin = ax.twinx()
         twin.plot(x, [r["kv_cache_bytes_per_token_mean"] for r in rows], "s--", color="tab:gray", label="KV-cache bytes/token")
@@ -283,11 +283,16 @@ def plot(rows: list[dict], key: str, path: Path) -> None:
     plt.close(fig)
 
 
-def _value_axis(ax, x, values, label) -> None:
+def _positions(values: list) -> list:
+    """Where the swept values sit on the x axis: counts at themselves (a log-2 axis), names evenly spaced."""
+    return list(range(len(values))) if isinstance(values[0], str) else values
+
+
+def _value_axis(ax, values, label) -> None:
     """The swept values on a log-2 axis (counts: heads, widths) or evenly spaced (names)."""
-    if x is not values:
-        ax.set_xticks(x, values, rotation=30)
+    if isinstance(values[0], str):
+        ax.set_xticks(_positions(values), values, rotation=30)
     else:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(x, [str(v) for v in x])
+        ax.set_xticks(values, [str(v) for v in values])
     ax.set_xlabel(label)
