@@ -29,12 +29,24 @@ def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None):
     logits = scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision)
     weights = softmax(logits, mask, bias).astype(v.dtype)
     dropped = weights if keep is None else weights * keep
+    if _one_narrow_row(dropped):
+        return jnp.sum(dropped.T.astype(jnp.float32) * v.astype(jnp.float32), axis=0, keepdims=True), weights
     out = jnp.einsum("qk,kd->qd", dropped, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
     return out, weights
 
 
+def _one_narrow_row(x):
+    """One query in a narrow dtype (a bfloat16 decode step): XLA:CPU computes that matrix-vector product
+    in float32 after converting all of K (or V) in a pass of its own, which doubles a step's cache
+    traffic; a float32 product summed in float32 (exact for bf16 inputs) fuses the conversion into
+    the one read instead (results/kv_decode.md)."""
+    return x.shape[0] == 1 and logits_dtype(x.dtype) != x.dtype
+
+
 def scores(q, k, precision):
     """q kᵀ in float32 (at least); computed as (k qᵀ)ᵀ when the queries are few."""
+    if _one_narrow_row(q):
+        return jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)[None]
     if q.shape[0] <= FEW_QUERIES_PER_KEY * k.shape[0]:
         return jnp.einsum("kd,qd->kq", k, q, precision=precision, preferred_element_type=logits_dtype(q.dtype)).T
     return jnp.einsum("qd,kd->qk", q, k, precision=precision, preferred_element_type=logits_dtype(q.dtype))

@@ -111,8 +111,10 @@ def test_gradients_match_jax_nn(impl):
 
 
 @pytest.mark.parametrize("impl", COMPUTED_IMPLS)
-def test_bfloat16_inputs_keep_float32_softmax(impl):
-    q, k, v = random_qkv(kv_heads=2)
+@pytest.mark.parametrize("lq, kv_heads", [(5, 2), (1, 4), (1, 2)], ids=["queries", "one-query-mha", "one-query-gqa"])
+def test_bfloat16_inputs_keep_float32_softmax(impl, lq, kv_heads):
+    """One query (a decode step) takes its own float32 product-and-sum path in `attention.head`."""
+    q, k, v = random_qkv(lq=lq, kv_heads=kv_heads)
     q = q * 30  # large logits: a bfloat16 softmax would be visibly off
     out = attention.dot_product_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), impl=impl)
     assert out.dtype == jnp.bfloat16
