@@ -3,7 +3,10 @@
 `model` is a `Transformer` (or anything with its `config`, `encode` and `decode` methods);
 `params` its parameters. Outputs are target tokens without the leading BOS, `[B, max_len]`,
 with pad_id after the first EOS. One decoder call per generated token: the fed token is
-embedded at the cache's position counter, so the cache holds `max_len` positions.
+embedded at the cache's position counter. A step reads (and beam search reorders) its cache's
+every position, filled or not, so the cache grows with the output instead of holding `max_len`
+positions from the start: 16, 32, 64, ... then `max_len` (`cache_lengths`), one `while_loop` per
+length, the arrays zero-padded in between. A batch that ends early never pays for the rest.
 
 Length penalty (GNMT, as in Vaswani et al.): lp(n) = ((5 + n) / 6) ** alpha, where n counts
 the generated tokens including the EOS; a hypothesis scores log P(tokens) / lp(n).
@@ -33,6 +36,37 @@ def init_cache(model, params, encoded, src_tokens, max_len: int):
     return variables["cache"]
 
 
+FIRST_CACHE_LENGTH = 16
+
+
+def cache_lengths(max_len: int, first: int | None = FIRST_CACHE_LENGTH) -> list[int]:
+    """The cache lengths a decode of `max_len` steps grows through: first, 2 first, 4 first, ..., max_len.
+
+    `first=None` keeps one cache of `max_len` positions.
+    """
+    if first is not None and (not isinstance(first, int) or isinstance(first, bool) or first < 1):
+        raise ValueError(f"first_cache_length must be a positive int or None, got {first!r}")
+    lengths = []
+    while first is not None and first < max_len:
+        lengths.append(first)
+        first *= 2
+    return lengths + [max_len]
+
+
+def _grown_loop(cond, body, state, empty_cache, lengths):
+    """`lax.while_loop(cond, body, state)` with `state.cache` grown through `lengths`.
+
+    `empty_cache(n)` allocates a cache of n positions; the arrays that hold one entry a position
+    (the only ones whose shape changes) are copied into its first positions, the rest kept.
+    """
+    for length in lengths:
+        grown = jax.tree.map(lambda old, new: old if old.shape == new.shape else lax.dynamic_update_slice(new, old, (0,) * new.ndim),
+                             state.cache, empty_cache(length))
+        segment_cond = lambda s, length=length: cond(s) & (s.step < length)
+        state = lax.while_loop(segment_cond, body, state._replace(cache=grown))
+    return state
+
+
 def _decode_step(model, params, cache, encoded, src_tokens, tokens):
     """Feed tokens [N] at the cache position; return (log-probs [N, vocab] float32, new cache)."""
     logits, variables = model.apply(
@@ -49,36 +83,48 @@ def _check_args(model, src_tokens, max_len):
         raise ValueError(f"max_len must be an int in [1, config.max_len={model.config.max_len}], got {max_len!r}")
 
 
-def greedy_decode(model, params, src_tokens: Array, max_len: int) -> Array:
+class _Greedy(NamedTuple):
+    step: Array  # [] int32: tokens generated so far
+    cache: Any  # decoder cache, batch B
+    last: Array  # [B] int32: the token each row feeds next
+    tokens: Array  # [B, T] int32
+    finished: Array  # [B] bool
+
+
+def greedy_decode(model, params, src_tokens: Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH) -> Array:
     """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
 
-    Stops early once every sequence has produced EOS.
+    Stops early once every sequence has produced EOS. `first_cache_length`: see `cache_lengths`.
     """
     _check_args(model, src_tokens, max_len)
+    lengths = cache_lengths(max_len, first_cache_length)
     cfg = model.config
     batch = src_tokens.shape[0]
     encoded = model.apply({"params": params}, src_tokens, method="encode")
-    cache = init_cache(model, params, encoded, src_tokens, max_len)
+    empty_cache = lambda length: init_cache(model, params, encoded, src_tokens, length)
 
-    def cond(state):
-        step, _, _, _, finished = state
-        return (step < max_len) & ~jnp.all(finished)
+    def cond(s: _Greedy):
+        return ~jnp.all(s.finished)
 
-    def body(state):
-        step, cache, last, tokens, finished = state
-        log_probs, cache = _decode_step(model, params, cache, encoded, src_tokens, last)
-        token = jnp.where(finished, cfg.pad_id, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
-        tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, step))
-        return step + 1, cache, token, tokens, finished | (token == cfg.eos_id)
+    def body(s: _Greedy):
+        log_probs, cache = _decode_step(model, params, s.cache, encoded, src_tokens, s.last)
+        token = jnp.where(s.finished, cfg.pad_id, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
+        return _Greedy(
+            step=s.step + 1,
+            cache=cache,
+            last=token,
+            tokens=lax.dynamic_update_slice(s.tokens, token[:, None], (0, s.step)),
+            finished=s.finished | (token == cfg.eos_id),
+        )
 
-    state = (
-        jnp.array(0, jnp.int32),
-        cache,
-        jnp.full((batch,), cfg.bos_id, jnp.int32),
-        jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
-        jnp.zeros((batch,), bool),
+    state = _Greedy(
+        step=jnp.array(0, jnp.int32),
+        cache=empty_cache(lengths[0]),
+        last=jnp.full((batch,), cfg.bos_id, jnp.int32),
+        tokens=jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
+        finished=jnp.zeros((batch,), bool),
     )
-    return lax.while_loop(cond, body, state)[3]
+    return _grown_loop(cond, body, state, empty_cache, lengths).tokens
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
@@ -100,7 +146,7 @@ class _Beams(NamedTuple):
 
 def beam_search(
     model, params, src_tokens: Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
-    return_all_beams: bool = False,
+    return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH,
 ) -> tuple[Array, Array]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
@@ -108,8 +154,10 @@ def beam_search(
     `beam_size` of them best first ([B, K, max_len], [B, K]) with `return_all_beams`.
     Hypotheses still without EOS at `max_len` compete with score log P / lp(max_len).
     Stops early once no alive beam can beat the worst finished one (valid for alpha >= 0).
+    `first_cache_length`: see `cache_lengths`.
     """
     _check_args(model, src_tokens, max_len)
+    lengths = cache_lengths(max_len, first_cache_length)
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
     if not alpha >= 0:
@@ -120,11 +168,12 @@ def beam_search(
     # every beam is a row of its own: [B*K, ...], the K beams of a source adjacent
     encoded, src_tokens = jnp.repeat(encoded, K, axis=0), jnp.repeat(src_tokens, K, axis=0)
     neg_inf = jnp.float32(-jnp.inf)
+    empty_cache = lambda length: init_cache(model, params, encoded, src_tokens, length)
 
     def cond(s: _Beams):
         # alive log-probs only fall and lp only grows, so logp / lp(max_len) bounds any final score
         best_alive = s.alive_logp[:, 0] / length_penalty(max_len, alpha)
-        return (s.step < max_len) & ~jnp.all(s.finished_scores[:, -1] > best_alive)
+        return ~jnp.all(s.finished_scores[:, -1] > best_alive)
 
     def body(s: _Beams):
         log_probs, cache = _decode_step(model, params, s.cache, encoded, src_tokens, s.last.reshape(-1))
@@ -156,15 +205,15 @@ def beam_search(
     # all K beams start identical: only beam 0 is live, or step 0 would pick K copies
     start_logp = jnp.where(jnp.arange(K) == 0, 0.0, neg_inf)
     empty = jnp.full((batch, K, max_len), cfg.pad_id, jnp.int32)
-    s = lax.while_loop(cond, body, _Beams(
+    s = _grown_loop(cond, body, _Beams(
         step=jnp.array(0, jnp.int32),
-        cache=init_cache(model, params, encoded, src_tokens, max_len),
+        cache=empty_cache(lengths[0]),
         last=jnp.full((batch, K), cfg.bos_id, jnp.int32),
         alive_seqs=empty,
         alive_logp=jnp.broadcast_to(start_logp, (batch, K)),
         finished_seqs=empty,
         finished_scores=jnp.full((batch, K), neg_inf),
-    ))
+    ), empty_cache, lengths)
     # after an early stop the alive beams rank below every finished one, so this only
     # lets unfinished hypotheses in where fewer than K finished by max_len
     seqs, scores = _top_beams(

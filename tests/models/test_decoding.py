@@ -17,8 +17,11 @@ PAD, EOS, BOS = 0, 1, 2
 SRC = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14], [15, 3, 0, 0, 0, 0]], jnp.int32)
 MAX_LEN = 8
 
-greedy = jax.jit(models.greedy_decode, static_argnums=(0, 3))
-beam = jax.jit(models.beam_search, static_argnums=(0,), static_argnames=("beam_size", "alpha", "max_len", "return_all_beams"))
+greedy = jax.jit(models.greedy_decode, static_argnums=(0, 3), static_argnames=("first_cache_length",))
+beam = jax.jit(models.beam_search, static_argnums=(0,),
+               static_argnames=("beam_size", "alpha", "max_len", "return_all_beams", "first_cache_length"))
+# first_cache_length=3 grows the cache through 3, 6, 8 positions within MAX_LEN's 8 steps
+GROWN = [None, 3]
 
 
 def tiny(**overrides):
@@ -67,9 +70,10 @@ def rescore(model, params, src, seq, alpha):
     return sum(log_probs[t, seq[t]] for t in range(length)) / ((5 + length) / 6) ** alpha
 
 
-def test_greedy_on_the_cache_equals_a_naive_uncached_loop():
+@pytest.mark.parametrize("first_cache_length", GROWN)
+def test_greedy_on_the_cache_equals_a_naive_uncached_loop(first_cache_length):
     model, params = random_model(eos_bias=2.0)
-    tokens = np.asarray(greedy(model, params, SRC, MAX_LEN))
+    tokens = np.asarray(greedy(model, params, SRC, MAX_LEN, first_cache_length=first_cache_length))
     np.testing.assert_array_equal(tokens, naive_greedy(model, params, SRC, MAX_LEN))
     assert (tokens == EOS).any(axis=1).any() and not (tokens == EOS).any(axis=1).all()  # both kinds of row
 
@@ -83,17 +87,19 @@ def test_beam_of_one_is_greedy():
         assert scores[b] == pytest.approx(rescore(model, params, SRC[b], tokens[b], 0.0), abs=1e-4)
 
 
+@pytest.mark.parametrize("first_cache_length", GROWN)
 @pytest.mark.parametrize("eos_bias", [0.0, 3.0])
-def test_beam_scores_are_sorted_and_equal_full_pass_rescoring(eos_bias):
+def test_beam_scores_are_sorted_and_equal_full_pass_rescoring(eos_bias, first_cache_length):
     model, params = random_model(eos_bias=eos_bias)
-    seqs, scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, return_all_beams=True)
+    seqs, scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, return_all_beams=True,
+                        first_cache_length=first_cache_length)
     assert seqs.shape == (3, 4, MAX_LEN) and scores.shape == (3, 4)
     assert (np.diff(np.asarray(scores), axis=1) <= 0).all()
     for b in range(SRC.shape[0]):
         for k in range(4):
             assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
         assert len({tuple(s) for s in np.asarray(seqs[b])}) == 4  # distinct hypotheses
-    best, best_scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN)
+    best, best_scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, first_cache_length=first_cache_length)
     np.testing.assert_array_equal(best, seqs[:, 0])
     np.testing.assert_array_equal(best_scores, scores[:, 0])
 
@@ -154,6 +160,24 @@ def test_bad_beam_search_arguments_raise(kwargs, message):
     model, params = random_model()
     with pytest.raises(ValueError, match=message):
         models.beam_search(model, params, SRC, **{"max_len": MAX_LEN, **kwargs})
+
+
+@pytest.mark.parametrize("attention_type, options", [("mla", {}), ("performer", {}), ("span", {"max_span": 4, "ramp": 2})])
+def test_members_caches_grow_to_the_naive_uncached_result(attention_type, options):
+    """MLA's latent and span's K/V grow with the output; performer's fixed-size state is carried as it is."""
+    model = models.Transformer(tiny(attention_type=attention_type, attention_options=options, num_kv_heads=None))
+    params = model.init(KEY, SRC, SRC)["params"]
+    tokens = np.asarray(greedy(model, params, SRC, MAX_LEN, first_cache_length=3))
+    np.testing.assert_array_equal(tokens, naive_greedy(model, params, SRC, MAX_LEN))
+
+
+def test_cache_lengths_double_up_to_max_len():
+    assert models.decoding.cache_lengths(90) == [16, 32, 64, 90]
+    assert models.decoding.cache_lengths(64) == [16, 32, 64]
+    assert models.decoding.cache_lengths(8) == [8]
+    assert models.decoding.cache_lengths(90, None) == [90]
+    with pytest.raises(ValueError, match="first_cache_length must be a positive int or None, got 0"):
+        models.greedy_decode(*random_model(), SRC, MAX_LEN, first_cache_length=0)
 
 
 def test_bad_source_raises():
