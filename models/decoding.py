@@ -59,9 +59,11 @@ def _grown_loop(cond, body, state, empty_cache, lengths):
     `empty_cache(n)` allocates a cache of n positions; the arrays that hold one entry a position
     (the only ones whose shape changes) are copied into its first positions, the rest kept.
     """
+    def grow(old, new):
+        return old if old.shape == new.shape else lax.dynamic_update_slice(new, old, (0,) * new.ndim)
+
     for length in lengths:
-        grown = jax.tree.map(lambda old, new: old if old.shape == new.shape else lax.dynamic_update_slice(new, old, (0,) * new.ndim),
-                             state.cache, empty_cache(length))
+        grown = jax.tree.map(grow, state.cache, empty_cache(length))
         segment_cond = lambda s, length=length: cond(s) & (s.step < length)
         state = lax.while_loop(segment_cond, body, state._replace(cache=grown))
     return state
@@ -91,7 +93,9 @@ class _Greedy(NamedTuple):
     finished: Array  # [B] bool
 
 
-def greedy_decode(model, params, src_tokens: Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH) -> Array:
+def greedy_decode(
+    model, params, src_tokens: Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH,
+) -> Array:
     """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
 
     Stops early once every sequence has produced EOS. `first_cache_length`: see `cache_lengths`.

@@ -99,7 +99,8 @@ def test_beam_scores_are_sorted_and_equal_full_pass_rescoring(eos_bias, first_ca
         for k in range(4):
             assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
         assert len({tuple(s) for s in np.asarray(seqs[b])}) == 4  # distinct hypotheses
-    best, best_scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, first_cache_length=first_cache_length)
+    best, best_scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN,
+                             first_cache_length=first_cache_length)
     np.testing.assert_array_equal(best, seqs[:, 0])
     np.testing.assert_array_equal(best_scores, scores[:, 0])
 
