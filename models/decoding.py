@@ -86,6 +86,8 @@ def _check_args(model, src_tokens, max_len):
 
 
 class _Greedy(NamedTuple):
+    """Loop state; B sources, T = max_len."""
+
     step: Array  # [] int32: tokens generated so far
     cache: Any  # decoder cache, batch B
     last: Array  # [B] int32: the token each row feeds next
