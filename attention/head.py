@@ -20,16 +20,19 @@ Array = Any
 FEW_QUERIES_PER_KEY = 1 / 8
 
 
-def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None):
+def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, heads_sharing_kv=1):
     """q `[Lq, d_k]`, k `[Lk, d_k]`, v `[Lk, d_v]`; mask/bias/keep `[Lq|1, Lk|1]` -> (out `[Lq, d_v]`, weights `[Lq, Lk]`).
 
     `keep` is the dropout multiplier (keep-mask / keep_prob); the weights returned are pre-dropout.
+    `heads_sharing_kv`: how many query heads a `vmap` maps over this k/v (GQA's H/G); they batch
+    into a real matrix product, so one query each is not a matrix-vector product.
     """
     d_k = q.shape[-1]
-    logits = scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision)
+    one_narrow_row = heads_sharing_kv == 1 and _one_narrow_row(q)
+    logits = scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision, one_narrow_row)
     weights = softmax(logits, mask, bias).astype(v.dtype)
     dropped = weights if keep is None else weights * keep
-    if _one_narrow_row(dropped):
+    if one_narrow_row:
         return jnp.sum(dropped.T.astype(jnp.float32) * v.astype(jnp.float32), axis=0, keepdims=True), weights
     out = jnp.einsum("qk,kd->qd", dropped, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
     return out, weights
@@ -43,9 +46,9 @@ def _one_narrow_row(x):
     return x.shape[0] == 1 and logits_dtype(x.dtype) != x.dtype
 
 
-def scores(q, k, precision):
+def scores(q, k, precision, one_narrow_row=False):
     """q kᵀ in float32 (at least); computed as (k qᵀ)ᵀ when the queries are few."""
-    if _one_narrow_row(q):
+    if one_narrow_row:
         return jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)[None]
     if q.shape[0] <= FEW_QUERIES_PER_KEY * k.shape[0]:
         return jnp.einsum("kd,qd->kq", k, q, precision=precision, preferred_element_type=logits_dtype(q.dtype)).T
