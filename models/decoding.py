@@ -54,16 +54,18 @@ def cache_lengths(max_len: int, first: int | None = FIRST_CACHE_LENGTH) -> list[
 
 
 def _grown_loop(cond, body, state, empty_cache, lengths):
-    """`lax.while_loop(cond, body, state)` with `state.cache` grown through `lengths`.
+    """`lax.while_loop(cond, body, state)` with a cache allocated at `lengths[0]` and grown through `lengths`.
 
-    `empty_cache(n)` allocates a cache of n positions; the arrays that hold one entry a position
-    (the only ones whose shape changes) are copied into its first positions, the rest kept.
+    `state.cache` starts as None; `empty_cache(n)` allocates a cache of n positions. On growing, the
+    arrays that hold one entry a position (the only ones whose shape changes) are copied into the
+    new cache's first positions, the rest kept.
     """
     def grow(old, new):
         return old if old.shape == new.shape else lax.dynamic_update_slice(new, old, (0,) * new.ndim)
 
     for length in lengths:
-        grown = jax.tree.map(grow, state.cache, empty_cache(length))
+        empty = empty_cache(length)
+        grown = empty if state.cache is None else jax.tree.map(grow, state.cache, empty)
         segment_cond = lambda s, length=length: cond(s) & (s.step < length)
         state = lax.while_loop(segment_cond, body, state._replace(cache=grown))
     return state
@@ -89,7 +91,7 @@ class _Greedy(NamedTuple):
     """Loop state; B sources, T = max_len."""
 
     step: Array  # [] int32: tokens generated so far
-    cache: Any  # decoder cache, batch B
+    cache: Any  # decoder cache, batch B (None until `_grown_loop` allocates it)
     last: Array  # [B] int32: the token each row feeds next
     tokens: Array  # [B, T] int32
     finished: Array  # [B] bool
@@ -125,7 +127,7 @@ def greedy_decode(
 
     state = _Greedy(
         step=jnp.array(0, jnp.int32),
-        cache=empty_cache(lengths[0]),
+        cache=None,
         last=jnp.full((batch,), cfg.bos_id, jnp.int32),
         tokens=jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
         finished=jnp.zeros((batch,), bool),
@@ -142,7 +144,7 @@ class _Beams(NamedTuple):
     """Loop state; B sources, K beams, T = max_len. Alive beams never contain EOS."""
 
     step: Array  # [] int32: tokens generated so far
-    cache: Any  # decoder cache, batch B*K (beam-major within each source)
+    cache: Any  # decoder cache, batch B*K (beam-major within each source; None until allocated)
     last: Array  # [B, K] int32: token each alive beam feeds next
     alive_seqs: Array  # [B, K, T] int32
     alive_logp: Array  # [B, K] float32, sorted descending; -inf = no hypothesis
@@ -213,7 +215,7 @@ def beam_search(
     empty = jnp.full((batch, K, max_len), cfg.pad_id, jnp.int32)
     s = _grown_loop(cond, body, _Beams(
         step=jnp.array(0, jnp.int32),
-        cache=empty_cache(lengths[0]),
+        cache=None,
         last=jnp.full((batch, K), cfg.bos_id, jnp.int32),
         alive_seqs=empty,
         alive_logp=jnp.broadcast_to(start_logp, (batch, K)),
