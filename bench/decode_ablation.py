@@ -1,16 +1,19 @@
-"""How much of a beam-4 decode step the per-step cache reorder costs: the most a reorder-free cache could gain.
+"""What one piece of a beam-4 decode step costs: the step as it is against the step without that piece.
 
-    MULTI30K_DIR=... taskset -c 1 python -m bench.beam_reorder --rounds 5     (results/peer.md, section 5)
+    MULTI30K_DIR=... taskset -c 1 python -m bench.decode_ablation --ablate reorder --rounds 6
+    MULTI30K_DIR=... taskset -c 1 python -m bench.decode_ablation --ablate logits_barrier --rounds 6
+                                                                    (results/peer.md, section 5)
 
-Beam search reorders every layer's self-attention cache after each step, so that beam k continues
-the beam it was chosen from (`models.decoding._gather_cache`). A reorder-free design (attention
-reading each beam's history through an index table) would drop that gather and copy but attend
-over all K beams' rows. This times the `bench.peer_decode` workload (small model, random weights,
-batches of 20, beam 4, 63 steps, float32) twice in one process, alternating: as it is, and with
-the reorder replaced by the identity, which decodes wrong beams at the cost of everything else.
-Their ratio bounds what the reorder-free cache can gain. The replacement is checked to have been
-traced into the compiled step (the best beam often comes out the same: with random weights it
-tends to descend from beam 0, whose cache row the identity leaves right).
+Times the `bench.peer_decode` workload (small model, random weights, batches of 20, beam 4, 63
+steps) twice in one process, alternating which goes first: as it is, and with one function of
+`models.decoding` replaced while the ablated decoder is traced:
+- `reorder`: the per-step cache reorder (`_gather_cache`) by the identity. It decodes wrong beams
+  at the cost of everything else, so the ratio bounds what a reorder-free cache could gain.
+- `logits_barrier`: the barrier between the vocabulary matmul and log_softmax (`_unfused`) by the
+  identity, so XLA may fuse them again; the ratio is what the barrier gains.
+Each side gets its own jitted decoder (`translate.decoder` is memoised on equal arguments, and
+an equal closure reuses JAX's trace: both caches are cleared between the builds), and the
+replacement is checked to have been traced.
 """
 
 from __future__ import annotations
@@ -27,11 +30,34 @@ from bench.peer_decode import Ours
 from configs import default
 from training.data import tokenizer
 from training.data.corpus import load_corpus
+from training.evaluation import translate
+
+ABLATIONS = {  # name: (the models.decoding function replaced, its replacement given a trace log)
+    "reorder": ("_gather_cache", lambda traced: lambda cache, beams: traced.append(beams) or cache),
+    "logits_barrier": ("_unfused", lambda traced: lambda logits: traced.append(logits) or logits),
+}
+
+
+def build_pair(args, vocab, src_ids) -> tuple[Ours, Ours]:
+    """(the decoder as it is, the ablated one), each compiled for every batch shape."""
+    build = lambda: Ours(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4)
+    intact = build()
+    translate.decoder.cache_clear()
+    jax.clear_caches()
+    name, replacement = ABLATIONS[args.ablate]
+    traced = []
+    with mock.patch(f"models.decoding.{name}", replacement(traced)):
+        ablated = build()
+    if not traced or ablated.decode is intact.decode:
+        raise RuntimeError(f"the ablation {args.ablate!r} was never traced into a decoder of its own")
+    intact.seconds_per_batch(args.clock)  # recompiles what clear_caches dropped, outside the rounds
+    return intact, ablated
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ablate", choices=list(ABLATIONS), required=True)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--batches", type=int, default=3, help="timed batches a round, each side")
     parser.add_argument("--steps", type=int, default=63)
@@ -43,29 +69,20 @@ def main():
     train = load_corpus(config, config.data.train_split)
     vocab = tokenizer.load(tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed))
     src_ids = vocab.encode(list(load_corpus(config, "test_2016_flickr").src[: args.batch * args.batches]))
-    build = lambda: Ours(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4)
-    reordered = build()
-    jax.clear_caches()  # else JAX reuses the trace of the equal `decoder` closure, reorder included
-    traced = []
-    with mock.patch("models.decoding._gather_cache", lambda cache, beams: traced.append(beams) or cache):
-        unordered = build()  # compiles every batch shape inside the patch
-    if not traced:
-        raise RuntimeError("the identity reorder was never traced: the patch did not reach the compiled step")
+    intact, ablated = build_pair(args, vocab, src_ids)
 
     print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
     print(f"jax {jax.__version__}, {jax.default_backend()}, {args.dtype}, clock {args.clock}; batch {args.batch}, "
-          f"beam 4, {args.steps} steps, {len(reordered.batches)} batches a side a round\n")
-    print("| round | s a batch, reordered | s a batch, no reorder | reordered / no reorder |")
+          f"beam 4, {args.steps} steps, {len(intact.batches)} batches a side a round; ablated: {args.ablate}\n")
+    print("| round | s a batch, as it is | s a batch, ablated | ablated / as it is |")
     print("|---:|---:|---:|---:|")
     ratios = []
     for r in range(args.rounds):
-        sides = (reordered, unordered) if r % 2 == 0 else (unordered, reordered)
+        sides = (intact, ablated) if r % 2 == 0 else (ablated, intact)
         seconds = {id(side): side.seconds_per_batch(args.clock) for side in sides}
-        with_reorder, without = seconds[id(reordered)], seconds[id(unordered)]
-        ratios.append(with_reorder / without)
-        print(f"| {r + 1} | {with_reorder:.3f} | {without:.3f} | {ratios[-1]:.3f} |", flush=True)
-    print(f"\nmedian reordered / no reorder: **{statistics.median(ratios):.3f}** "
-          f"({', '.join(f'{x:.3f}' for x in ratios)})")
+        ratios.append(seconds[id(ablated)] / seconds[id(intact)])
+        print(f"| {r + 1} | {seconds[id(intact)]:.3f} | {seconds[id(ablated)]:.3f} | {ratios[-1]:.3f} |", flush=True)
+    print(f"\nmedian ablated / as it is: **{statistics.median(ratios):.3f}** ({', '.join(f'{x:.3f}' for x in ratios)})")
 
 
 if __name__ == "__main__":

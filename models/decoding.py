@@ -77,7 +77,13 @@ def _decode_step(model, params, cache, encoded, src_tokens, tokens):
         {"params": params, "cache": cache}, encoded, src_tokens, tokens[:, None],
         method="decode", decode=True, mutable=["cache"],
     )
-    return jax.nn.log_softmax(logits[:, -1]), variables["cache"]
+    return jax.nn.log_softmax(_unfused(logits[:, -1])), variables["cache"]
+
+
+def _unfused(logits):
+    """`logits` behind a barrier: XLA:CPU fuses log_softmax's max into the vocabulary matmul otherwise,
+    and that fusion ran slower than the two apart (a beam-4 decode 1.06x; results/peer.md, section 5)."""
+    return lax.optimization_barrier(logits)
 
 
 def _check_args(model, src_tokens, max_len):
