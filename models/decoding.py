@@ -36,6 +36,19 @@ def init_cache(model, params, encoded, src_tokens, max_len: int):
     return variables["cache"]
 
 
+def cache_bytes_per_position(model, params, encoded, src_tokens) -> float:
+    """Decode-cache bytes one target position adds, per source row.
+
+    Counts the arrays whose shape grows with the cache length (keys, values, MLA's latent), found
+    as `_grown_loop` finds the arrays it grows: by their shape changing with the length; counters,
+    the source's keys/values and performer's state do not.
+    """
+    caches = [jax.eval_shape(lambda n=n: init_cache(model, params, encoded, src_tokens, n)) for n in (1, 2)]
+    added = sum(y.size * y.dtype.itemsize - x.size * x.dtype.itemsize
+                for x, y in zip(*map(jax.tree.leaves, caches)) if x.shape != y.shape)
+    return added / src_tokens.shape[0]
+
+
 FIRST_CACHE_LENGTH = 16
 
 

@@ -16,8 +16,6 @@ from training.data.corpus import load_corpus
 from training.evaluation import dev, translate
 from training.evaluation.loaded import LoadedRun, load_run
 
-GROWING_CACHES = ("cached_key", "cached_value", "cached_latent")  # the decode caches that hold one entry a position
-
 
 def evaluate_split(workdir: str | Path, split: str, beam_size: int) -> dict:
     """Perplexity and beam-search sacreBLEU on `split`; hypotheses go to the workdir."""
@@ -43,8 +41,8 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     """Decode-cache bytes per target token and output tokens/s of greedy and beam search on one batch.
 
     src_ids: the batch's source token ids (one padded batch at the bucket of the longest). Cache bytes are
-    summed from the growing arrays `init_cache` allocates (every decoder layer's K and V, or MLA's latent, over
-    batch * length; performer's fixed-size state does not grow with the output and is not counted);
+    what one target position adds to every decoder layer's K and V, or MLA's latent, per row
+    (`decoding.cache_bytes_per_position`; performer's fixed-size state does not grow and is not counted);
     tokens/s counts each sentence's output tokens up to its EOS, median of `repeats` timed runs after a warm-up.
     """
     src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read, as translate does
@@ -52,9 +50,7 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     src = jnp.asarray(BatchSchedule.assemble(src_ids, [[] for _ in src_ids], len(src_ids), length).src)
     max_len = min(length + max_extra_length, model.config.max_len)
     encoded = model.apply({"params": params}, src, method="encode")
-    cache = decoding.init_cache(model, params, encoded, src, max_len)
-    kv = [x for path, x in jax.tree_util.tree_leaves_with_path(cache) if path[-1].key in GROWING_CACHES]
-    result = {"kv_cache_bytes_per_token": sum(x.nbytes for x in kv) / (src.shape[0] * max_len), "decode_batch": src.shape[0]}
+    result = {"kv_cache_bytes_per_token": decoding.cache_bytes_per_position(model, params, encoded, src), "decode_batch": src.shape[0]}
     for beam_size in beam_sizes:
         decode = translate.decoder(model, beam_size, alpha, max_len)
         tokens = np.asarray(decode(params, src))  # compile and warm up
