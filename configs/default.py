@@ -55,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.attention_impl = "vmap"
     config.model.attention_type = "softmax"  # or a member of attention.family.ATTENTION_TYPES: linformer, performer, entmax, span, mla, ...
     config.model.attention_options = ""  # the member's settings as 'key=value,...', e.g. 'projected_length=32' (attention.family.options_of)
-    config.model.matmul = "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major for bf16 on CPUs with native bf16
+    config.model.matmul = "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major on XLA:CPU, xla elsewhere
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.schedule = "rsqrt"  # 'rsqrt': Vaswani's inverse square root; 'cosine': warm-up, then cosine to 0 at num_train_steps
