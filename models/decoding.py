@@ -95,7 +95,7 @@ def _decode_step(model, params, cache, encoded, src_tokens, tokens):
 
 def _unfused(logits):
     """`logits` behind a barrier: XLA:CPU fuses log_softmax's max into the vocabulary matmul otherwise,
-    and that fusion ran slower than the two apart (a beam-4 decode 1.06x; results/peer.md, section 5)."""
+    and that fusion ran slower than the two apart (a float32 beam-4 decode 1.08x; results/peer.md, section 5)."""
     return lax.optimization_barrier(logits)
 
 
