@@ -8,7 +8,7 @@
                  float32 products and elementwise work still ran a bf16 step 1.56x faster than
                  xla's on a Zen 3); in float32 because XLA:CPU leaves a weight gradient (its left
                  operand contracting its first dimension) to a slower dot path than row-major
-                 products (base train step 1.13x on a Zen 4; results/code_choices.md).
+                 products (base train step 1.10x on a Zen 4; results/code_choices.md).
                  "xla" on every other backend.
 """
 
