@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import reference
-from attention.family.performer import Performer, orthogonal_features
+from attention.family.performer import Performer, _normalise, orthogonal_features
 
 RNG = np.random.default_rng(0)
 
@@ -39,6 +39,30 @@ def test_matches_numpy_favor(causal, chunk):
     out = module.apply(params, q, k, v, is_causal=causal)
     expected = numpy_favor(q, k, v, params["params"]["random_features"], causal)
     np.testing.assert_allclose(out, expected, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_keys_far_from_every_feature_keep_their_weights_and_finite_gradients(causal):
+    """Keys moved ~30 away from the origin: exp(−|y − w|²/2) underflows float32 for every feature (the
+    denominator was 0 and, a little closer, its gradient overflowed: the NaN of the Multi30k run)."""
+    q, k, v = qkv()
+    k = k + 30 / np.sqrt(k.shape[-1])
+    module = Performer(num_features=16, chunk_length=4)
+    params = module.init(jax.random.key(0), q, k, v)
+    out = module.apply(params, q, k, v, is_causal=causal)
+    np.testing.assert_allclose(out, numpy_favor(q, k, v, params["params"]["random_features"], causal),
+                               rtol=2e-4, atol=2e-5)
+    grads = jax.grad(lambda q, k, v: module.apply(params, q, k, v, is_causal=causal).sum(), argnums=(0, 1, 2))(q, k, v)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+def test_normalise_gradient_does_not_square_a_small_denominator():
+    """d(n/d)/dd = −(n/d)/d by hand: with n = 3d and d = 1e-25 it is −3e25; 1/d² (= 1e50) would overflow."""
+    den = jnp.asarray([1e-25], jnp.float32)
+    num = 3.0 * den[:, None]
+    out, tangent = jax.jvp(_normalise, (num, den), (jnp.zeros_like(num), jnp.ones_like(den)))
+    np.testing.assert_allclose(out, [[3.0]], rtol=1e-6)
+    np.testing.assert_allclose(tangent, [[-3e25]], rtol=1e-6)
 
 
 def test_key_padding_zeroes_the_padded_keys_features():
@@ -98,7 +122,7 @@ def test_decode_state_continues_the_causal_pass_and_does_not_grow():
         pieces.append(out)
         assert jax.tree.map(jnp.shape, cache) == state_shapes  # [B, G, m, d_v] and [B, G, m]
     np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, rtol=1e-5, atol=1e-6)
-    assert state_shapes == {"state_kv": (2, 2, 16, 8), "state_z": (2, 2, 16)}
+    assert state_shapes == {"state_kv": (2, 2, 16, 8), "state_z": (2, 2, 16), "state_shift": (2, 2, 16)}
 
 
 def test_query_dependent_mask_raises():

@@ -93,7 +93,7 @@ def test_nnx_view_allocates_a_state_members_decode_state():
     _, layer = layers("performer")
     view = nnx.view(layer, decode=True, batch_size=B, max_length=T)
     state = jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(view, nnx.Cache)))
-    assert state == {"performer": {"state_kv": (B, 1, 6, 4), "state_z": (B, 1, 6)}}
+    assert state == {"performer": {"state_kv": (B, 1, 6, 4), "state_z": (B, 1, 6), "state_shift": (B, 1, 6)}}
 
 
 def test_members_make_only_the_projections_they_use():
