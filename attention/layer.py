@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax import lax
 
-from attention import family
+from attention import beams, family
 from attention.core import attend
 from attention.geometry import HeadGeometry
 from attention.grouped import flatten_batch
@@ -134,11 +134,6 @@ class MultiHeadAttention(nn.Module):
         if self.normalize_qk:
             query, key = self._normalize_qk(query, key)
 
-        if self.decode:
-            key, value, mask, cached = self._use_cache(query, key, value, mask)
-            if cached:  # the cache mask already makes the call causal, at the right offset
-                is_causal = False
-
         if self.dropout_rate > 0.0:
             deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
             if not deterministic and dropout_rng is None:
@@ -146,7 +141,16 @@ class MultiHeadAttention(nn.Module):
         else:
             deterministic = True
 
-        if self.attention_fn is not None:
+        beam_rows = None
+        if self.decode:
+            in_place = self.attention_fn is None and not sow_weights and deterministic
+            key, value, mask, cached, beam_rows = self._use_cache(query, key, value, mask, beams_in_place=in_place)
+            if cached:  # the cache mask already makes the call causal, at the right offset
+                is_causal = False
+
+        if beam_rows is not None:
+            x = beams.history_attention(query, key, value, beam_rows, mask, dtype=self.dtype, precision=self.precision)
+        elif self.attention_fn is not None:
             x = self._call_attention_fn(
                 query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
             )
@@ -220,7 +224,7 @@ class MultiHeadAttention(nn.Module):
             query, key = self._normalize_qk(query, key)
         offset = 0
         if self.decode and spec.decode == "kv_cache":
-            key, value, mask, cached = self._use_cache(query, key, value, mask)
+            key, value, mask, cached, _ = self._use_cache(query, key, value, mask)
             if cached:  # the first new query's absolute position
                 offset = self.get_variable("cache", "cache_index") - Lq
         mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, key.shape[-3])), batch)
@@ -298,12 +302,15 @@ class MultiHeadAttention(nn.Module):
             self.put_variable("cache", "cross_value", to_caller(value))
         return key, value
 
-    def _use_cache(self, query, key, value, mask):
-        """Append key/value to the cache; return (keys, values, mask, cached).
+    def _use_cache(self, query, key, value, mask, beams_in_place=False):
+        """Append key/value to the cache; return (keys, values, mask, cached, beam_rows).
 
         The cache is `[batch..., G, max_length, D]`, the internal layout; the keys and values
         return to the caller's `[batch..., L, G, D]` by a transpose that `attend` undoes, and
-        XLA folds the pair away.
+        XLA folds the pair away. Under beam search (a `beam_rows` table beside the cache,
+        `attention.beams`) the rows hold the beams' histories spread out: returned as they are
+        with the table if `beams_in_place` (for `beams.history_attention`), else gathered into
+        each beam's own keys/values and the table None.
         """
         key_hf, value_hf = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
         is_initialized = self.has_variable("cache", "cached_key")
@@ -313,7 +320,7 @@ class MultiHeadAttention(nn.Module):
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value_hf.shape, cache_dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
         if not is_initialized:  # init: size the cache, attend over the inputs as usual
-            return key, value, mask, False
+            return key, value, mask, False, None
         *batch, G, max_length, _ = cached_key.value.shape
         new_length = query.shape[-3]
         if tuple(key_hf.shape[:-2]) != (*batch, G) or new_length > max_length:
@@ -337,7 +344,16 @@ class MultiHeadAttention(nn.Module):
         cache_mask = jnp.arange(max_length)[None, :] <= query_positions[:, None]
         mask = and_masks(mask, cache_mask)
         to_caller = lambda x: jnp.swapaxes(x, -3, -2)
-        return to_caller(cached_key.value), to_caller(cached_value.value), mask, True
+        key, value = to_caller(cached_key.value), to_caller(cached_value.value)
+        beam_rows = self.get_variable("cache", "beam_rows") if self.has_variable("cache", "beam_rows") else None
+        if beam_rows is not None and (beam_rows.ndim != 3 or len(batch) != 1
+                                      or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
+                                      or beam_rows.shape[2] != max_length):
+            raise ValueError(f"cache beam_rows must be [sources, beams, {max_length}] int with sources * beams = the "
+                             f"batch {tuple(batch)}, got shape {beam_rows.shape}")
+        if beam_rows is not None and not beams_in_place:
+            key, value, beam_rows = beams.gather_history(key, beam_rows), beams.gather_history(value, beam_rows), None
+        return key, value, mask, True, beam_rows
 
     def _call_attention_fn(
         self, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights

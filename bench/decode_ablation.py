@@ -8,7 +8,9 @@ Times the `bench.peer_decode` workload (small model, random weights, batches of 
 steps) twice in one process, alternating which goes first: as it is, and with one function of
 `models.decoding` replaced while the ablated decoder is traced:
 - `reorder`: the per-step cache reorder (`_gather_cache`) by the identity. It decodes wrong beams
-  at the cost of everything else, so the ratio bounds what a reorder-free cache could gain.
+  at the cost of everything else, so the ratio bounds what a reorder-free cache could gain. Since
+  the beam rows (`attention.beams`) it reorders no keys or values, only layers' own states
+  (none in this model): before them, the float32 ratio was 0.804 (results/peer.md, section 5).
 - `logits_barrier`: the barrier between the vocabulary matmul and log_softmax (`_unfused`) by the
   identity, so XLA may fuse them again; the ratio is what the barrier gains.
 Each side gets its own jitted decoder (`translate.decoder` is memoised on equal arguments, and

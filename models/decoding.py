@@ -3,10 +3,15 @@
 `model` is a `Transformer` (or anything with its `config`, `encode` and `decode` methods);
 `params` its parameters. Outputs are target tokens without the leading BOS, `[B, max_len]`,
 with pad_id after the first EOS. One decoder call per generated token: the fed token is
-embedded at the cache's position counter. A step reads (and beam search reorders) its cache's
-every position, filled or not, so the cache grows with the output instead of holding `max_len`
-positions from the start: 16, 32, 64, ... then `max_len` (`cache_lengths`), one `while_loop` per
-length, the arrays zero-padded in between. A batch that ends early never pays for the rest.
+embedded at the cache's position counter. A step reads its cache's every position, filled or
+not, so the cache grows with the output instead of holding `max_len` positions from the start:
+16, 32, 64, ... then `max_len` (`cache_lengths`), one `while_loop` per length, the arrays
+zero-padded in between. A batch that ends early never pays for the rest.
+
+Beam search never reorders the self-attention caches: each beam writes into its own cache row,
+and a `[B, K, T]` table of which row holds each position of each beam's hypothesis goes to the
+layers beside their caches (`attention.beams`), reordered instead of the keys and values. Only
+what a layer keeps of its own (performer's state, MLA's latent) is still reordered.
 
 Length penalty (GNMT, as in Vaswani et al.): lp(n) = ((5 + n) / 6) ** alpha, where n counts
 the generated tokens including the EOS; a hypothesis scores log P(tokens) / lp(n).
@@ -14,6 +19,7 @@ the generated tokens including the EOS; a hypothesis scores log P(tokens) / lp(n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -164,6 +170,7 @@ class _Beams(NamedTuple):
 
     step: Array  # [] int32: tokens generated so far
     cache: Any  # decoder cache, batch B*K (beam-major within each source; None until allocated)
+    rows: Array  # [B, K, T] int32: the cache row (beam of the source) holding each position of each beam
     last: Array  # [B, K] int32: token each alive beam feeds next
     alive_seqs: Array  # [B, K, T] int32
     alive_logp: Array  # [B, K] float32, sorted descending; -inf = no hypothesis
@@ -203,7 +210,11 @@ def beam_search(
         return ~jnp.all(s.finished_scores[:, -1] > best_alive)
 
     def body(s: _Beams):
-        log_probs, cache = _decode_step(model, params, s.cache, encoded, src_tokens, s.last.reshape(-1))
+        # each beam writes the token it feeds into its own cache row
+        rows = lax.dynamic_update_slice(s.rows, jnp.broadcast_to(own_row, (batch, K, 1)), (0, 0, s.step))
+        log_probs, cache = _decode_step(model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens,
+                                        s.last.reshape(-1))
+        cache = _with_beam_rows(cache, None)
         vocab = log_probs.shape[-1]
         # 2K candidates: even if K of them end in EOS, K remain to stay alive
         cand_logp = (s.alive_logp[:, :, None] + log_probs.reshape(batch, K, vocab)).reshape(batch, K * vocab)
@@ -219,9 +230,11 @@ def beam_search(
             jnp.concatenate([s.finished_scores, eos_scores], axis=1), K,
         )
         alive_logp, pick = lax.top_k(jnp.where(is_eos, neg_inf, cand_logp), K)
+        parents = _take_beams(cand_beam, pick)
         return _Beams(
             step=s.step + 1,
-            cache=_gather_cache(cache, _take_beams(cand_beam, pick)),
+            cache=_gather_cache(cache, parents),
+            rows=_take_beams(rows, parents),
             last=_take_beams(cand_token, pick),
             alive_seqs=_take_beams(cand_seqs, pick),
             alive_logp=alive_logp,
@@ -232,9 +245,11 @@ def beam_search(
     # all K beams start identical: only beam 0 is live, or step 0 would pick K copies
     start_logp = jnp.where(jnp.arange(K) == 0, 0.0, neg_inf)
     empty = jnp.full((batch, K, max_len), cfg.pad_id, jnp.int32)
+    own_row = jnp.arange(K, dtype=jnp.int32)[None, :, None]
     s = _grown_loop(cond, body, _Beams(
         step=jnp.array(0, jnp.int32),
         cache=None,
+        rows=jnp.zeros((batch, K, max_len), jnp.int32),
         last=jnp.full((batch, K), cfg.bos_id, jnp.int32),
         alive_seqs=empty,
         alive_logp=jnp.broadcast_to(start_logp, (batch, K)),
@@ -262,22 +277,34 @@ def _top_beams(seqs, scores, k):
 
 
 # cross-attention's source keys/values (attention's `cache_cross_kv`): the K beams of a source
-# hold the same ones, so reordering them is the identity
-_BEAM_INVARIANT = frozenset({"cross_key", "cross_value"})
+# hold the same ones, so reordering them is the identity; self-attention's keys/values stay in
+# place, read through the beam rows (`attention.beams`)
+_NOT_REORDERED = frozenset({"cross_key", "cross_value", "cached_key", "cached_value"})
 
 
 def _gather_cache(cache, beams):
     """Reorder every cache array [B*K, ...] so beam k of source b continues beam beams[b, k].
 
-    Scalars (the cache index and position counter) are shared by all beams and kept, and so
-    are the source's keys/values, equal across a source's beams (and, left untouched, loop
-    invariants XLA may hoist).
+    Scalars (the cache index and position counter) are shared by all beams and kept, and so are
+    the arrays in `_NOT_REORDERED` (left untouched, loop invariants XLA may hoist). What is
+    reordered is what a layer keeps of its own: performer's state, MLA's latent cache.
     """
     batch, K = beams.shape
 
     def gather(path, x):
-        if x.ndim == 0 or getattr(path[-1], "key", None) in _BEAM_INVARIANT:
+        if x.ndim == 0 or getattr(path[-1], "key", None) in _NOT_REORDERED:
             return x
         return _take_beams(x.reshape(batch, K, *x.shape[1:]), beams).reshape(x.shape)
 
     return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def _with_beam_rows(cache, rows):
+    """`cache` with `beam_rows` `[B, K, L]` (rows [B, K, T] cut to the cache's L positions) beside every
+    self-attention's keys and values, or (rows None) without them: a step's input, not loop state."""
+    if not isinstance(cache, Mapping):
+        return cache
+    cache = {name: _with_beam_rows(x, rows) for name, x in cache.items() if name != "beam_rows"}
+    if rows is not None and "cached_key" in cache:
+        cache["beam_rows"] = rows[:, :, : cache["cached_key"].shape[-2]]
+    return cache

@@ -172,6 +172,19 @@ def test_members_caches_grow_to_the_naive_uncached_result(attention_type, option
     np.testing.assert_array_equal(tokens, naive_greedy(model, params, SRC, MAX_LEN))
 
 
+@pytest.mark.parametrize("attention_type, options", [("span", {"max_span": 4, "ramp": 2}), ("mla", {})])
+def test_members_beams_read_their_own_histories(attention_type, options):
+    """span reads its K/V cache through the beam rows (gathered: `attention.beams.gather_history`); MLA's latent is
+    reordered: either way every beam's score is its hypothesis's full-pass score."""
+    model = models.Transformer(tiny(attention_type=attention_type, attention_options=options, num_kv_heads=None))
+    params = model.init(KEY, SRC, SRC)["params"]
+    seqs, scores = beam(model, params, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True,
+                        first_cache_length=3)
+    for b in range(SRC.shape[0]):
+        for k in range(3):
+            assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
+
+
 def test_cache_lengths_double_up_to_max_len():
     assert models.decoding.cache_lengths(90) == [16, 32, 64, 90]
     assert models.decoding.cache_lengths(64) == [16, 32, 64]

@@ -1,0 +1,78 @@
+"""Beam search's self-attention over a decode cache that is never reordered.
+
+Beam k's hypothesis is spread over its source's K cache rows: its position p sits in the row of
+the beam that fed that token, `beam_rows[b, k, p]` (a table beam search keeps and hands to the
+layer in the `cache` collection). A step writes each fed token's keys/values into its own row, as
+any decode step does, and beam search reorders only that `[B, K, L]` table. Reordering the cache
+itself copied every layer's keys and values every step (1.24x a float32 beam-4 step,
+bench/decode_ablation.py).
+
+`history_attention` scores each beam's queries against all K rows of its source at once and masks
+the positions off its history: the cache is read once, in place, as `[K Lq R, K L]` products per
+source and KV head (K times the multiply-adds of a `[Lq R, L]` one, at the same memory traffic).
+It follows `attention.head`'s conventions (float32 logits and softmax, masked logits at
+`finfo.min`), and equals `attention.attend` over `gather_history`'s keys and values up to the
+order of float sums. `gather_history` is the general path: it materialises each beam's history
+(a copy, as the reorder was) for every attention that `history_attention` does not serve.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from attention.head import logits_dtype
+
+Array = Any
+
+
+def gather_history(x: Array, beam_rows: Array) -> Array:
+    """x `[B*K, L, G, D]` (a cache in the caller's layout), beam_rows `[B, K, L]` -> each beam's own `[B*K, L, G, D]`."""
+    B, K, L = beam_rows.shape
+    by_source = x.reshape(B, K, *x.shape[1:])
+    return jnp.take_along_axis(by_source, beam_rows[:, :, :, None, None], axis=1).reshape(x.shape)
+
+
+def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, mask: Array,
+                      dtype: Any = None, precision: Any = None) -> Array:
+    """Each beam's queries attend its own history in the shared cache.
+
+    query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's
+    layout); beam_rows `[B, K, L]` int; mask broadcastable to `[B*K, H, Lq, L]` bool (the cache
+    positions filled so far, and the caller's mask). Returns `[B*K, Lq, H, Dv]` in `dtype`.
+    """
+    B, K, L = beam_rows.shape
+    _, Lq, H, Dk = query.shape
+    G, Dv = key.shape[-2], value.shape[-1]
+    R = H // G
+    dtype = dtype or jnp.result_type(query, key, value)
+    query, key, value = (x.astype(dtype) for x in (query, key, value))
+    # sources x their K rows (j) x KV heads: the batch axes of both products, major in the cache's
+    # `[B*K, G, L, D]`, so neither product copies the cache; M = K Lq R queries of a source and head
+    queries = (query * jnp.asarray(1 / math.sqrt(Dk), dtype)).reshape(B, K, Lq, G, R, Dk)
+    queries = jnp.broadcast_to(queries.transpose(0, 3, 1, 2, 4, 5).reshape(B, 1, G, K * Lq * R, Dk),
+                               (B, K, G, K * Lq * R, Dk))
+    # materialised (it is small): a broadcast lets XLA drop j from the product's batch axes, and
+    # then it transposes the whole cache to [B, G, K L, D] every step
+    queries = lax.optimization_barrier(queries)
+    keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
+    logits = jnp.einsum("bjgmd,bjgpd->bjgmp", queries, keys, precision=precision,
+                        preferred_element_type=logits_dtype(dtype))
+    weights = jax.nn.softmax(jnp.where(_history_mask(beam_rows, mask, G, H, Lq), logits,
+                                       jnp.finfo(logits.dtype).min), axis=(1, 4)).astype(dtype)
+    out = jnp.einsum("bjgmp,bjgpd->bjgmd", weights, values, precision=precision,
+                     preferred_element_type=logits_dtype(dtype)).sum(axis=1)  # j summed apart: no V transpose
+    return out.reshape(B, G, K, Lq, R, Dv).transpose(0, 2, 3, 1, 4, 5).reshape(B * K, Lq, H, Dv).astype(dtype)
+
+
+def _history_mask(beam_rows, mask, G, H, Lq):
+    """`[B, K (row j), G, K Lq R, L]`: beam k's query sees row j's position p if p is on k's history and `mask` allows."""
+    B, K, L = beam_rows.shape
+    caller = jnp.broadcast_to(mask, (B * K, H, Lq, L)).reshape(B, K, G, H // G, Lq, L)
+    caller = caller.transpose(0, 2, 1, 4, 3, 5).reshape(B, 1, G, K, Lq * (H // G), L)  # [B, 1, G, k, (Lq R), L]
+    on_history = beam_rows[:, None, None, :, None, :] == jnp.arange(K)[None, :, None, None, None, None]
+    return (caller & on_history).reshape(B, K, G, K * Lq * (H // G), L)
