@@ -7,6 +7,10 @@ any decode step does, and beam search reorders only that `[B, K, L]` table. Reor
 itself copied every layer's keys and values every step (1.24x a float32 beam-4 step,
 bench/decode_ablation.py).
 
+A layer that reads its cache so adds `ROWS_READ` beside it; beam search keeps such caches in
+place and reorders every other one as before (a layer that ignores the table, such as Flax's
+own attention, still gets each beam's cache moved to its row).
+
 `history_attention` scores each beam's queries against all K rows of its source at once and masks
 the positions off its history: the cache is read once, in place, as `[K Lq R, K L]` products per
 source and KV head (K times the multiply-adds of a `[Lq R, L]` one, at the same memory traffic).
@@ -28,6 +32,8 @@ from jax import lax
 from attention.head import logits_dtype
 
 Array = Any
+ROWS = "beam_rows"  # the table, beside a layer's `cached_key` in the `cache` collection
+ROWS_READ = "beam_rows_read"  # what a layer that read its cache through the table adds beside it
 
 
 def gather_history(x: Array, beam_rows: Array) -> Array:

@@ -30,12 +30,13 @@ import jax
 from bench.peer import cpu_description
 from bench.peer_decode import Ours
 from configs import default
+from models.decoding import _gather_cache as KEEP_ORDER  # with beams None: no reorder
 from training.data import tokenizer
 from training.data.corpus import load_corpus
 from training.evaluation import translate
 
 ABLATIONS = {  # name: (the models.decoding function replaced, its replacement given a trace log)
-    "reorder": ("_gather_cache", lambda traced: lambda cache, beams: traced.append(beams) or cache),
+    "reorder": ("_gather_cache", lambda traced: lambda cache, beams: traced.append(beams) or KEEP_ORDER(cache, None)),
     "logits_barrier": ("_unfused", lambda traced: lambda logits: traced.append(logits) or logits),
 }
 

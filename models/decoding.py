@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from attention import beams as attention_beams
+
 Array = Any
 
 
@@ -214,7 +216,6 @@ def beam_search(
         rows = lax.dynamic_update_slice(s.rows, jnp.broadcast_to(own_row, (batch, K, 1)), (0, 0, s.step))
         log_probs, cache = _decode_step(model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens,
                                         s.last.reshape(-1))
-        cache = _with_beam_rows(cache, None)
         vocab = log_probs.shape[-1]
         # 2K candidates: even if K of them end in EOS, K remain to stay alive
         cand_logp = (s.alive_logp[:, :, None] + log_probs.reshape(batch, K, vocab)).reshape(batch, K * vocab)
@@ -277,34 +278,43 @@ def _top_beams(seqs, scores, k):
 
 
 # cross-attention's source keys/values (attention's `cache_cross_kv`): the K beams of a source
-# hold the same ones, so reordering them is the identity; self-attention's keys/values stay in
-# place, read through the beam rows (`attention.beams`)
-_NOT_REORDERED = frozenset({"cross_key", "cross_value", "cached_key", "cached_value"})
+# hold the same ones, so reordering them is the identity
+_SOURCE_KV = frozenset({"cross_key", "cross_value"})
+# self-attention's keys/values, left in place where the layer read them through the beam rows
+_SELF_KV = frozenset({"cached_key", "cached_value"})
 
 
 def _gather_cache(cache, beams):
-    """Reorder every cache array [B*K, ...] so beam k of source b continues beam beams[b, k].
+    """Reorder every cache array [B*K, ...] so beam k of source b continues beam beams[b, k] (None: keep the order).
 
     Scalars (the cache index and position counter) are shared by all beams and kept, and so are
-    the arrays in `_NOT_REORDERED` (left untouched, loop invariants XLA may hoist). What is
-    reordered is what a layer keeps of its own: performer's state, MLA's latent cache.
+    the source's keys/values (left untouched, loop invariants XLA may hoist) and the keys/values
+    of every layer that read them through the beam rows (`attention.beams.ROWS_READ` beside them).
+    What is reordered is what the rest keep: performer's state, MLA's latent, a foreign layer's
+    cache. The beam rows and their marks are dropped: a step's input, not loop state.
     """
-    batch, K = beams.shape
-
-    def gather(path, x):
-        if x.ndim == 0 or getattr(path[-1], "key", None) in _NOT_REORDERED:
+    def reorder(x):
+        if beams is None or x.ndim == 0:
             return x
+        batch, K = beams.shape
         return _take_beams(x.reshape(batch, K, *x.shape[1:]), beams).reshape(x.shape)
 
-    return jax.tree_util.tree_map_with_path(gather, cache)
+    def walk(tree):
+        if not isinstance(tree, Mapping):
+            return reorder(tree)
+        kept = _SOURCE_KV | (_SELF_KV if attention_beams.ROWS_READ in tree else frozenset())
+        return {name: x if name in kept else walk(x) for name, x in tree.items()
+                if name not in (attention_beams.ROWS, attention_beams.ROWS_READ)}
+
+    return walk(cache)
 
 
 def _with_beam_rows(cache, rows):
     """`cache` with `beam_rows` `[B, K, L]` (rows [B, K, T] cut to the cache's L positions) beside every
-    self-attention's keys and values, or (rows None) without them: a step's input, not loop state."""
+    self-attention's keys and values."""
     if not isinstance(cache, Mapping):
         return cache
-    cache = {name: _with_beam_rows(x, rows) for name, x in cache.items() if name != "beam_rows"}
-    if rows is not None and "cached_key" in cache:
-        cache["beam_rows"] = rows[:, :, : cache["cached_key"].shape[-2]]
+    cache = {name: _with_beam_rows(x, rows) for name, x in cache.items()}
+    if "cached_key" in cache:
+        cache[attention_beams.ROWS] = rows[:, :, : cache["cached_key"].shape[-2]]
     return cache

@@ -185,6 +185,35 @@ def test_members_beams_read_their_own_histories(attention_type, options):
             assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
 
 
+class FlaxAttentionDecoder(nn.Module):
+    """The decoding interface on Flax's own attention layer, whose `cached_key` ignores the beam rows."""
+
+    config: models.TransformerConfig
+
+    def __call__(self, src_tokens, tgt_in_tokens):
+        return self.decode(self.encode(src_tokens), src_tokens, tgt_in_tokens)
+
+    def encode(self, src_tokens):
+        return jnp.zeros((*src_tokens.shape, 1))
+
+    @nn.compact
+    def decode(self, encoded, src_tokens, tgt_in_tokens, decode=False):
+        x = nn.Embed(self.config.vocab_size, 16)(tgt_in_tokens)
+        mask = None if decode else nn.make_causal_mask(tgt_in_tokens)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=2, decode=decode)(x, mask=mask)
+        return nn.Dense(self.config.vocab_size)(x)
+
+
+def test_a_foreign_layers_cache_is_still_reordered():
+    """Flax's layer reads its cache row as the beam's own history, so beam search must move it there."""
+    model = FlaxAttentionDecoder(models.TransformerConfig(vocab_size=20, max_len=16))
+    params = model.init(KEY, SRC, SRC)["params"]
+    seqs, scores = beam(model, params, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True)
+    for b in range(SRC.shape[0]):
+        for k in range(3):
+            assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
+
+
 def test_cache_lengths_double_up_to_max_len():
     assert models.decoding.cache_lengths(90) == [16, 32, 64, 90]
     assert models.decoding.cache_lengths(64) == [16, 32, 64]
