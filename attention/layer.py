@@ -345,17 +345,18 @@ class MultiHeadAttention(nn.Module):
         mask = and_masks(mask, cache_mask)
         to_caller = lambda x: jnp.swapaxes(x, -3, -2)
         key, value = to_caller(cached_key.value), to_caller(cached_value.value)
-        beam_rows = self.get_variable("cache", beams.ROWS) if self.has_variable("cache", beams.ROWS) else None
-        if beam_rows is not None and (beam_rows.ndim != 3 or len(batch) != 1
-                                      or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
-                                      or beam_rows.shape[2] != max_length):
+        if not self.has_variable("cache", beams.ROWS):
+            return key, value, mask, True, None
+        beam_rows = self.get_variable("cache", beams.ROWS)
+        if (beam_rows.ndim != 3 or len(batch) != 1 or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
+                or beam_rows.shape[2] != max_length):
             raise ValueError(f"cache beam_rows must be [sources, beams, {max_length}] int with sources * beams = the "
                              f"batch {tuple(batch)}, got shape {beam_rows.shape}")
-        if beam_rows is not None:  # tells beam search this cache was read through the table (attention.beams)
-            self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
-        if beam_rows is not None and not beams_in_place:
-            key, value, beam_rows = beams.gather_history(key, beam_rows), beams.gather_history(value, beam_rows), None
-        return key, value, mask, True, beam_rows
+        # tells beam search this cache was read through the table (attention.beams)
+        self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
+        if beams_in_place:
+            return key, value, mask, True, beam_rows
+        return beams.gather_history(key, beam_rows), beams.gather_history(value, beam_rows), mask, True, None
 
     def _call_attention_fn(
         self, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
