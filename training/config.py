@@ -131,7 +131,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int, dtype: str 
 
     dtype: the run's resolved compute dtype (`precision.run_dtype`); None resolves `model.dtype` on this machine.
     """
-    dtype = dtype or precision.resolve(config.model.dtype, compile_cache.cache_dir(config.compilation_cache_dir))
+    dtype = dtype or precision.resolve(config.model.dtype, compile_cache.cache_dir(config.compilation_cache_dir),
+                                       matmul=config.model.matmul)
     dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[dtype])
     return dataclasses.replace(_model_fields(config, vocab_size, dtype), dot_general=dot_general)
 

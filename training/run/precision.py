@@ -2,13 +2,14 @@
 
 bfloat16 pays only where the hardware multiplies it natively (GPUs, TPUs, CPUs with AVX512-BF16 or
 AMX); elsewhere XLA emulates it in float32 and it is slower. One quick matmul check decides, once
-per machine: its verdict is kept in the compilation cache directory, keyed by the device and the
-JAX version, so every run on a machine resolves "auto" the same way. A run records the dtype it
+per machine and `model.matmul` setting (the matmuls the model runs, so the ones the check times): its
+verdict is kept in the compilation cache directory, keyed by the device, the JAX version and that setting, so every run on a machine resolves "auto" the same way. A run records the dtype it
 resolved in its workdir (`RUN_INFO`) and a resumed run keeps it, wherever it resumes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
@@ -34,11 +35,12 @@ MIN_SPEEDUP = 1.2
 CPU_SHAPE, ACCELERATOR_SHAPE = (2048, 256, 1024), (8192, 4096, 4096)
 
 
-def machine_key() -> str:
-    """What the verdict depends on: backend, device, CPU model and bfloat16 flags, JAX and jaxlib versions."""
+def machine_key(matmul: str = "auto") -> str:
+    """What the verdict depends on: backend, device, CPU model and bfloat16 flags, JAX and jaxlib versions, `model.matmul`."""
     device = jax.devices()[0]
     native = "native bf16" if xla_cpu_bf16.cpu_has_native_bf16() else "no native bf16"
-    return f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
+    return (f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
+            f"|matmul {matmul}")
 
 
 def _cpu_model() -> str:
@@ -51,10 +53,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def matmul_seconds(dtype, shape: tuple[int, int, int], reps: int = 5) -> float:
-    """Median seconds of a dense layer's product and its gradients in `dtype`, with the model's matmuls for it."""
+def matmul_seconds(dtype, shape: tuple[int, int, int], matmul: str = "auto", reps: int = 5) -> float:
+    """Median seconds of a dense layer's product and its gradients in `dtype`, with the model's matmuls (`model.matmul`) for it."""
     m, k, n = shape
-    dot_general = backends.dense_dot_general("auto", jnp.dtype(dtype)) or jax.lax.dot_general
+    dot_general = backends.dense_dot_general(matmul, jnp.dtype(dtype)) or jax.lax.dot_general
 
     def loss(x, w):
         y = dot_general(x.astype(dtype), w.astype(dtype), (((1,), (0,)), ((), ())))
@@ -71,21 +73,21 @@ def matmul_seconds(dtype, shape: tuple[int, int, int], reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure() -> dict:
-    """float32 and bfloat16 seconds of the check on this backend, and the dtype they pick."""
+def measure(matmul: str = "auto") -> dict:
+    """float32 and bfloat16 seconds of the check on this backend with `model.matmul`'s products, and the dtype they pick."""
     shape = CPU_SHAPE if jax.default_backend() == "cpu" else ACCELERATOR_SHAPE
-    f32, bf16 = matmul_seconds(jnp.float32, shape), matmul_seconds(jnp.bfloat16, shape)
+    f32, bf16 = matmul_seconds(jnp.float32, shape, matmul), matmul_seconds(jnp.bfloat16, shape, matmul)
     return {"dtype": "bfloat16" if f32 >= MIN_SPEEDUP * bf16 else "float32",
-            "float32_s": f32, "bfloat16_s": bf16, "shape": list(shape)}
+            "float32_s": f32, "bfloat16_s": bf16, "shape": list(shape), "matmul": matmul}
 
 
-def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> dict:
-    """This machine's verdict: read from `cache`/CHOICES_FILE, else measured now (and kept there)."""
-    key = machine_key()
+def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = None, matmul: str = "auto") -> dict:
+    """This machine's verdict for `model.matmul`: read from `cache`/CHOICES_FILE, else measured now (and kept there)."""
+    key = machine_key(matmul)
     path = cache / CHOICES_FILE if cache is not None else None
     choices = _read_json(path) if path is not None else {}
     if key not in choices:
-        choices[key] = {**(measure_fn or measure)(), "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        choices[key] = {**(measure_fn or functools.partial(measure, matmul))(), "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         logging.info("model.dtype 'auto': measured %s", choices[key])
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,12 +95,13 @@ def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = N
     return {"machine": key, **choices[key]}
 
 
-def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> str:
-    """The compute dtype `model.dtype` names on this machine ('auto' -> its verdict)."""
-    return setting if setting != "auto" else machine_choice(cache, measure_fn)["dtype"]
+def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None, matmul: str = "auto") -> str:
+    """The compute dtype `model.dtype` names on this machine with `model.matmul` ('auto' -> their verdict)."""
+    return setting if setting != "auto" else machine_choice(cache, measure_fn, matmul)["dtype"]
 
 
-def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Callable[[], dict] | None = None) -> tuple[str, dict]:
+def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Callable[[], dict] | None = None,
+              matmul: str = "auto") -> tuple[str, dict]:
     """(the run's compute dtype, its `RUN_INFO` record). A resume keeps the dtype its run started with:
     the one `RUN_INFO` records, or the concrete one an older workdir's config.json holds."""
     recorded = _read_json(workdir / RUN_INFO).get("model.dtype")
@@ -109,7 +112,7 @@ def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Calla
     saved = _read_json(workdir / "config.json").get("model", {}).get("dtype", "auto")
     if saved != "auto":
         return saved, {"model.dtype": {"dtype": saved, "reason": "the workdir's config.json, written before 'auto'"}}
-    choice = machine_choice(cache, measure_fn)
+    choice = machine_choice(cache, measure_fn, matmul)
     return choice["dtype"], {"model.dtype": {**choice, "reason": f"'auto': bfloat16 only if >= {MIN_SPEEDUP}x faster in the check"}}
 
 

@@ -96,9 +96,9 @@ def test_a_run_writes_config_checkpoints_and_metrics(straight_run):
 def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp_path, monkeypatch):
     first, resumed = tiny_config(10), tiny_config(20)
     first.model.dtype = resumed.model.dtype = "auto"  # resolved float32 here, then bfloat16 where it resumes:
-    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None: {"dtype": "float32"})
+    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None, matmul="auto": {"dtype": "float32"})
     loop.train_and_evaluate(first, tmp_path)
-    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None: {"dtype": "bfloat16"})
+    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None, matmul="auto": {"dtype": "bfloat16"})
     loop.train_and_evaluate(resumed, tmp_path)  # resumes at step 10, in the float32 it started with
     assert_same_params(params_of(tmp_path, 20), params_of(straight_run[0], 20))
 

@@ -36,10 +36,24 @@ def test_without_a_cache_directory_the_check_runs_each_time():
 
 def test_the_check_picks_bfloat16_only_when_clearly_faster(monkeypatch):
     times = {"float32": 1.0, "bfloat16": 1.0 / precision.MIN_SPEEDUP * 1.01}
-    monkeypatch.setattr(precision, "matmul_seconds", lambda dtype, shape: times[jnp.dtype(dtype).name])
+    monkeypatch.setattr(precision, "matmul_seconds", lambda dtype, shape, matmul: times[jnp.dtype(dtype).name])
     assert precision.measure()["dtype"] == "float32"
     times["bfloat16"] = 1.0 / precision.MIN_SPEEDUP / 1.01
     assert precision.measure()["dtype"] == "bfloat16"
+
+
+def test_each_matmul_setting_has_its_own_verdict(tmp_path, monkeypatch):
+    # The check times the products the model will run: xla's and row_major's can rank the dtypes differently.
+    timed = []
+    times = {"xla": {"float32": 1.0, "bfloat16": 2.0}, "row_major": {"float32": 2.0, "bfloat16": 1.0}}
+    monkeypatch.setattr(precision, "matmul_seconds",
+                        lambda dtype, shape, matmul: timed.append(matmul) or times[matmul][jnp.dtype(dtype).name])
+    assert precision.resolve("auto", tmp_path, matmul="xla") == "float32"
+    assert precision.resolve("auto", tmp_path, matmul="row_major") == "bfloat16"
+    assert timed == ["xla", "xla", "row_major", "row_major"]
+    assert precision.resolve("auto", tmp_path, never, matmul="xla") == "float32"  # both kept
+    kept = json.loads((tmp_path / precision.CHOICES_FILE).read_text())
+    assert sorted(v["matmul"] for v in kept.values()) == ["row_major", "xla"]
 
 
 def test_a_workdir_keeps_the_dtype_its_run_started_with(tmp_path):
