@@ -43,6 +43,7 @@ from jax import lax
 import attention
 from attention import family
 from models import tokens
+from models.dropout import Dropout
 
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False)}
 
@@ -224,7 +225,7 @@ def _attention(layer, train, name, decode=False, causal=False, cross=False):
 def _residual(config, sublayer, x, train, norm_name):
     """Pre-LN: x + drop(f(LN(x))); post-LN: LN(x + drop(f(x)))."""
     norm = nn.LayerNorm(dtype=config.dtype, param_dtype=config.param_dtype, name=norm_name)
-    drop = nn.Dropout(config.dropout_rate, deterministic=not train)
+    drop = Dropout(config.dropout_rate, deterministic=not train)
     if config.pre_ln:
         return x + drop(sublayer(norm(x)))
     return norm(x + drop(sublayer(x)))
@@ -242,7 +243,7 @@ def _embed(config, embed, tokens, positions, train):
     table = jnp.asarray(sinusoidal_positions(config.max_len, config.d_model), config.dtype)
     position_codes = table[positions]
     x = embed(tokens) * math.sqrt(config.d_model) + (position_codes if positions.ndim == 2 else position_codes[None])
-    return nn.Dropout(config.dropout_rate, deterministic=not train)(x)
+    return Dropout(config.dropout_rate, deterministic=not train)(x)
 
 
 class MlpBlock(nn.Module):
