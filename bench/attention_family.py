@@ -12,6 +12,7 @@ planned above `--max_gib` is compiled for its plan but not run (dense attention 
 N = 16384 plan 32 GiB), and its time ratios are then left blank. Members that
 cannot be causal (linformer) are left out of the causal rows; MLA's core is exact attention
 (its gain is the cache, `attention.family.cache_elements_per_token`), so it is not timed here.
+`--members performer lsh` times only those members (beside the exact references, which always run).
 Where `tokamax` is installed (`pip install -e ".[bench]"`; not a dependency of the library), its CPU `xla_chunked`
 exact attention runs too, an outside reference for the blockwise kernel.
 """
@@ -45,8 +46,8 @@ def member_options(name: str, N: int) -> dict:
     }[name]
 
 
-def formulations(N: int, causal: bool, q, k, v):
-    """{name: jitted forward+backward (q, k, v) -> grads}."""
+def formulations(N: int, causal: bool, q, k, v, members=None):
+    """{name: jitted forward+backward (q, k, v) -> grads}; `members`: the family members to include (None: all)."""
     out = {
         "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
         "blockwise": lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"),
@@ -57,7 +58,7 @@ def formulations(N: int, causal: bool, q, k, v):
         out["tokamax xla_chunked"] = lambda q, k, v: tokamax.dot_product_attention(
             q, k, v, is_causal=causal, implementation="xla_chunked")
     for name, spec in family.ATTENTION_TYPES.items():
-        if spec is None or spec.projects or (causal and not spec.causal):
+        if spec is None or spec.projects or (causal and not spec.causal) or (members is not None and name not in members):
             continue
         module = spec.module(**member_options(name, N))
         # jitted, so the forward pass init runs on the way is dead code: eager, span and entmax build their
@@ -75,7 +76,7 @@ def planned_gib(step, q, k, v) -> float:
     return (stats.temp_size_in_bytes + stats.output_size_in_bytes) / 2**30
 
 
-def run(lengths, reps, clock, max_gib):
+def run(lengths, reps, clock, max_gib, members=None):
     now = CLOCKS[clock]
     print("| N | causal | formulation | fwd+bwd ms | × xla | × blockwise | planned GiB | × xla memory |")
     print("|---|---|---|---|---|---|---|---|")
@@ -83,7 +84,7 @@ def run(lengths, reps, clock, max_gib):
         keys = jax.random.split(jax.random.key(N), 3)
         q, k, v = (jax.random.normal(kk, (B, N, H, D), jnp.float32) for kk in keys)
         for causal in (False, True):
-            steps = formulations(N, causal, q, k, v)
+            steps = formulations(N, causal, q, k, v, members)
             memory = {name: planned_gib(step, q, k, v) for name, step in steps.items()}
             runnable = {name: step for name, step in steps.items() if memory[name] <= max_gib}
             times = {name: [] for name in runnable}
@@ -108,10 +109,15 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
     parser.add_argument("--max_gib", type=float, default=8.0, help="run only formulations XLA plans at most this much memory for")
+    parser.add_argument("--members", nargs="*", default=None, help="family members to time (default: all)")
     args = parser.parse_args()
+    timed = {name for name, spec in family.ATTENTION_TYPES.items() if spec is not None and not spec.projects}
+    unknown = set(args.members or ()) - timed
+    if unknown:
+        parser.error(f"--members {sorted(unknown)}: expected members of {sorted(timed)}")
     print(f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
           f"median of {args.reps} alternating rounds ({args.clock} clock)\n")
-    run(args.lengths, args.reps, args.clock, args.max_gib)
+    run(args.lengths, args.reps, args.clock, args.max_gib, args.members)
 
 
 if __name__ == "__main__":
