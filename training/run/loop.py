@@ -74,7 +74,8 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
                          f"the pieces SentencePiece finds in {config.data.train_split!r}")
     # Process 0 resolves model.dtype (a measurement may differ between hosts) and every process uses its answer.
     run_info = json.loads(distributed.broadcast_bytes(
-        json.dumps(precision.run_dtype(config.model.dtype, workdir, cache, matmul=config.model.matmul)[1]).encode() if distributed.is_main() else None))
+        json.dumps(precision.run_dtype(config.model.dtype, workdir, cache, matmul=config.model.matmul)[1]).encode()
+        if distributed.is_main() else None))
     dtype = run_info["model.dtype"]["dtype"]
     logging.info("compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"])
     model = config_lib.build_model(config, vocab, dtype)

@@ -2,8 +2,9 @@
 
 bfloat16 pays only where the hardware multiplies it natively (GPUs, TPUs, CPUs with AVX512-BF16 or
 AMX); elsewhere XLA emulates it in float32 and it is slower. One quick matmul check decides, once
-per machine and `model.matmul` setting (the matmuls the model runs, so the ones the check times): its
-verdict is kept in the compilation cache directory, keyed by the device, the JAX version and that setting, so every run on a machine resolves "auto" the same way. A run records the dtype it
+per machine and `model.matmul` setting (the check times the products the model will run): its
+verdict is kept in the compilation cache directory, keyed by the device, the JAX version and that
+setting, so every run on a machine resolves "auto" the same way. A run records the dtype it
 resolved in its workdir (`RUN_INFO`) and a resumed run keeps it, wherever it resumes.
 """
 
