@@ -46,6 +46,12 @@ def member_options(name: str, N: int) -> dict:
     }[name]
 
 
+def timed_members(causal: bool = False) -> list[str]:
+    """The family members whose attention core is timed here (not the projecting ones, such as MLA)."""
+    return [name for name, spec in family.ATTENTION_TYPES.items()
+            if spec is not None and not spec.projects and (spec.causal or not causal)]
+
+
 def formulations(N: int, causal: bool, q, k, v, members=None):
     """{name: jitted forward+backward (q, k, v) -> grads}; `members`: the family members to include (None: all)."""
     out = {
@@ -57,9 +63,10 @@ def formulations(N: int, causal: bool, q, k, v, members=None):
 
         out["tokamax xla_chunked"] = lambda q, k, v: tokamax.dot_product_attention(
             q, k, v, is_causal=causal, implementation="xla_chunked")
-    for name, spec in family.ATTENTION_TYPES.items():
-        if spec is None or spec.projects or (causal and not spec.causal) or (members is not None and name not in members):
+    for name in timed_members(causal):
+        if members is not None and name not in members:
             continue
+        spec = family.ATTENTION_TYPES[name]
         module = spec.module(**member_options(name, N))
         # jitted, so the forward pass init runs on the way is dead code: eager, span and entmax build their
         # [H, N, N] logits at N = 16384 (8 GiB each) and the process was killed for memory
@@ -111,10 +118,9 @@ def main():
     parser.add_argument("--max_gib", type=float, default=8.0, help="run only formulations XLA plans at most this much memory for")
     parser.add_argument("--members", nargs="*", default=None, help="family members to time (default: all)")
     args = parser.parse_args()
-    timed = {name for name, spec in family.ATTENTION_TYPES.items() if spec is not None and not spec.projects}
-    unknown = set(args.members or ()) - timed
+    unknown = set(args.members or ()) - set(timed_members())
     if unknown:
-        parser.error(f"--members {sorted(unknown)}: expected members of {sorted(timed)}")
+        parser.error(f"--members {sorted(unknown)}: expected members of {timed_members()}")
     print(f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
           f"median of {args.reps} alternating rounds ({args.clock} clock)\n")
     run(args.lengths, args.reps, args.clock, args.max_gib, args.members)

@@ -31,13 +31,13 @@ def keep_threshold(rate: float) -> int:
     return round((1.0 - rate) * 2**BITS)
 
 
-def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> jax.Array:
-    """Boolean keep-mask of `shape`: element i is decided by half i % 2 (little-endian) of word i // 2."""
+def keep_mask(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> jax.Array:
+    """Boolean keep-mask of `shape`: element i is kept if half i % 2 (little-endian) of word i // 2 is below `threshold`."""
     size = math.prod(shape)
     per_word = 32 // BITS
     words = jax.random.bits(rng, (-(-size // per_word),), jnp.uint32)
     halves = lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:size].reshape(shape)
-    return halves.astype(jnp.int32) < keep_threshold(rate)
+    return halves.astype(jnp.int32) < threshold
 
 
 class Dropout(nn.Module):
@@ -53,5 +53,5 @@ class Dropout(nn.Module):
         threshold = keep_threshold(self.rate)
         if self.rate == 0.0 or deterministic:
             return inputs
-        keep = keep_mask(self.make_rng(self.rng_collection), self.rate, inputs.shape)
+        keep = keep_mask(self.make_rng(self.rng_collection), threshold, inputs.shape)
         return lax.select(keep, inputs / (threshold / 2**BITS), jnp.zeros_like(inputs))
