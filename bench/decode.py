@@ -9,7 +9,12 @@ heads, projections included) with the cache half full, its cache passed in and r
 buffer); "copied" jits it without donation (the whole cache is copied every step). The
 reference is `flax.linen.MultiHeadDotProductAttention(decode=True)` at the same batch, width and
 cache length, donated too; Flax's cache is `[B, L, H, Dk]` and has no GQA, so its row is MHA.
-Times are medians of the process's CPU time per step (`--clock wall` for wall-clock).
+`--family` adds the attention family's decoding members (`attention_type`, their default
+settings): entmax and span over the layer's KV cache, performer over its fixed-size state (the
+same bytes at every length), mla over its latent cache. Times are medians of the process's CPU
+time per step (`--clock wall` for wall-clock).
+
+    taskset -c 1 python -m bench.decode --family --lengths 1024 4096 16384   (results/attention_family.md)
 """
 
 from __future__ import annotations
@@ -21,26 +26,33 @@ import jax
 import jax.numpy as jnp
 
 import attention
+from attention import family
 from bench.timing import CLOCKS, median_ms
 
 BATCH, WIDTH, HEADS = 8, 512, 8
 
 
+def is_index(path) -> bool:
+    return getattr(path[-1], "key", None) == "cache_index"
+
+
 def cache_bytes(cache):
-    return sum(x.nbytes for name, x in cache.items() if name != "cache_index")
+    """Bytes of every cached array but the write indices (a member's cache may be nested)."""
+    return sum(x.nbytes for path, x in jax.tree_util.tree_leaves_with_path(cache) if not is_index(path))
 
 
 def step_ms(layer, length, reps, donate, clock):
     """Median time of one decode step at cache index length // 2; returns (ms, cache bytes)."""
     x = jnp.ones((BATCH, length, WIDTH), jnp.float32)
-    variables = layer.init(jax.random.key(0), x)
-    params, cache = variables["params"], dict(variables["cache"])
-    cache["cache_index"] = jnp.array(length // 2, jnp.int32)
+    variables = jax.jit(layer.init)(jax.random.key(0), x)  # jitted: XLA drops the unused full-length attention
+    params = variables["params"]
+    half = jnp.array(length // 2, jnp.int32)
+    cache = jax.tree_util.tree_map_with_path(lambda path, x: half if is_index(path) else x, variables["cache"])
     token = jax.random.normal(jax.random.key(1), (BATCH, 1, WIDTH))
 
     def step(params, cache, token):
         out, updated = layer.apply({"params": params, "cache": cache}, token, mutable=["cache"])
-        return out, dict(updated["cache"])
+        return out, updated["cache"]
 
     step = jax.jit(step, donate_argnums=(1,) if donate else ())
     size = cache_bytes(cache)
@@ -58,6 +70,7 @@ def main():
     parser.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    parser.add_argument("--family", action="store_true", help="add the attention family's decoding members")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
           f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n")
@@ -66,6 +79,10 @@ def main():
     layers = [("flax MultiHeadDotProductAttention (reference)", HEADS, nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True))]
     for name, kv_heads in (("MHA", HEADS), ("GQA", 2), ("MQA", 1)):
         layers.append((f"headcount {name}", kv_heads, attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=kv_heads, decode=True)))
+    if args.family:
+        for name, spec in family.ATTENTION_TYPES.items():
+            if spec is not None and spec.decode is not None:
+                layers.append((f"headcount {name}", HEADS, attention.MultiHeadAttention(num_heads=HEADS, decode=True, attention_type=name)))
     for length in args.lengths:
         reference = None
         for name, kv_heads, layer in layers:

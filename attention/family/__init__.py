@@ -107,7 +107,8 @@ def cache_elements_per_token(attention_type: str, geometry, options=None) -> int
     """Decode-cache elements each new token adds per layer (None: the member does not decode).
 
     MHA/GQA/MQA (and the members decoding over the layer's KV cache) store G (d_k + d_v); MLA
-    its latent d_c; Performer none: its state, G m (d_v + 1), does not grow.
+    its latent d_c; Performer none: its state, G m (d_v + 2) (numerator, denominator and the
+    running shift), does not grow.
     """
     spec = member(attention_type)
     if spec is None or spec.decode == "kv_cache":
