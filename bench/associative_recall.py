@@ -25,19 +25,13 @@ and 0.75 in 800 steps at N = 512 (softmax). N = 2048 costs ~5 s a softmax step h
 from __future__ import annotations
 
 import argparse
-import time
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-import attention
 from attention import family
 from bench.attention_family import member_options
-
-WIDTH, HEADS, LAYERS = 64, 4, 2
+from bench.encoder_task import evaluate, final_loss, fit, member_encoder
 
 
 def vocabulary(num_keys: int, num_values: int, num_noise: int) -> dict:
@@ -72,65 +66,19 @@ def make_batch(rng: np.random.Generator, vocab: dict, rows: int, length: int, pa
     return tokens.astype(np.int32), targets, targets > 0
 
 
-class Encoder(nn.Module):
-    """Tokens `[B, N]` -> logits `[B, N, vocab]`: pre-LN blocks of `attention_type` attention and an MLP."""
-
-    vocab_size: int
-    length: int
-    attention_type: str
-    attention_options: dict | None = None
-    impl: str = "vmap"
-
-    @nn.compact
-    def __call__(self, tokens):
-        x = nn.Embed(self.vocab_size, WIDTH)(tokens) + self.param(
-            "positions", nn.initializers.normal(0.02), (self.length, WIDTH))[None]
-        for i in range(LAYERS):
-            x = x + attention.MultiHeadAttention(
-                num_heads=HEADS, attention_type=self.attention_type, attention_options=self.attention_options,
-                impl=self.impl, name=f"attention_{i}")(nn.LayerNorm()(x))
-            h = nn.Dense(4 * WIDTH)(nn.LayerNorm()(x))
-            x = x + nn.Dense(WIDTH)(nn.gelu(h))
-        return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
-
-
 def train_and_score(attention_type: str, args, vocab: dict) -> dict:
     """Train one member from the shared seed; return its query accuracy on fresh rows, final loss and seconds."""
     options = {} if attention_type == "softmax" else member_options(attention_type, args.length)
-    impl = options.pop("impl", "vmap")  # a layer setting, which the layer passes on to the member
     if attention_type == "span":
         options["max_span"] = args.length
-    model = Encoder(vocab["size"], args.length, attention_type, options or None, impl)
+    model = member_encoder(attention_type, options, vocab["size"], args.length)
     data = np.random.default_rng(args.seed)  # the same rows, in the same order, for every member
     batch = lambda rows: make_batch(data, vocab, rows, args.length, args.pairs, args.queries)  # noqa: E731
     tokens, _, _ = batch(1)
     params = jax.jit(model.init)(jax.random.key(args.seed), tokens)
-    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.learning_rate, args.steps // 10, args.steps))
-    opt_state = optimizer.init(params)
-
-    def loss_fn(params, tokens, targets, asked):
-        losses = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, tokens), targets)
-        return jnp.sum(losses * asked) / jnp.sum(asked)
-
-    @jax.jit
-    def step(params, opt_state, tokens, targets, asked):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets, asked)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    start, losses = time.process_time(), []
-    for _ in range(args.steps):
-        params, opt_state, loss = step(params, opt_state, *batch(args.batch))
-        losses.append(float(loss))
-    seconds = time.process_time() - start
-    predict = jax.jit(lambda params, tokens: jnp.argmax(model.apply(params, tokens), axis=-1))
-    right = total = 0
-    for _ in range(args.eval_rows // args.batch):
-        tokens, targets, asked = batch(args.batch)
-        right += int(np.sum((np.asarray(predict(params, tokens)) == targets) & asked))
-        total += int(np.sum(asked))
-    return {"accuracy": right / total, "final_loss": float(np.mean(losses[-max(1, args.steps // 20):])),
-            "seconds": seconds}
+    params, losses, seconds = fit(model, params, lambda: batch(args.batch), args.steps, args.learning_rate)
+    scores = evaluate(model, params, (batch(args.batch) for _ in range(args.eval_rows // args.batch)))
+    return {"accuracy": scores["accuracy"], "final_loss": final_loss(losses), "seconds": seconds}
 
 
 def main():

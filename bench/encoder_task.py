@@ -1,0 +1,98 @@
+"""The small bidirectional encoder and the training loop that bench's learned tasks share.
+
+`bench.associative_recall` (long-range lookup) and `bench.masked_lm` (Linformer's perplexity claim)
+train the same model per attention-family member from the same seed, so that a difference between
+members is the attention's alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import attention
+
+WIDTH, HEADS, LAYERS = 64, 4, 2
+
+
+class Encoder(nn.Module):
+    """Tokens `[B, N]` -> logits `[B, N, vocab]`: pre-LN blocks of `attention_type` attention and an MLP."""
+
+    vocab_size: int
+    length: int
+    attention_type: str
+    attention_options: dict | None = None
+    impl: str = "vmap"
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab_size, WIDTH)(tokens) + self.param(
+            "positions", nn.initializers.normal(0.02), (self.length, WIDTH))[None]
+        for i in range(LAYERS):
+            x = x + attention.MultiHeadAttention(
+                num_heads=HEADS, attention_type=self.attention_type, attention_options=self.attention_options,
+                impl=self.impl, name=f"attention_{i}")(nn.LayerNorm()(x))
+            h = nn.Dense(4 * WIDTH)(nn.LayerNorm()(x))
+            x = x + nn.Dense(WIDTH)(nn.gelu(h))
+        return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
+
+
+def member_encoder(attention_type: str, options: dict, vocab_size: int, length: int) -> Encoder:
+    """The encoder with `attention_type` set by `options` (as `bench.attention_family.member_options` gives them)."""
+    options = dict(options)
+    impl = options.pop("impl", "vmap")  # a layer setting, which the layer passes on to the member
+    return Encoder(vocab_size, length, attention_type, options or None, impl)
+
+
+def masked_loss(logits, targets, scored):
+    """Mean cross-entropy over the `scored` positions. logits `[B, N, V]`; targets, scored `[B, N]`."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return jnp.sum(losses * scored) / jnp.sum(scored)
+
+
+def fit(model: Encoder, params, next_batch, steps: int, learning_rate: float):
+    """AdamW with linear warm-up (a tenth of `steps`) and cosine decay; `next_batch()` -> (tokens, targets, scored).
+
+    Returns the trained params, the loss of every step and this process's CPU seconds spent.
+    """
+    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, learning_rate, steps // 10, steps))
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, tokens, targets, scored):
+        loss, grads = jax.value_and_grad(lambda p: masked_loss(model.apply(p, tokens), targets, scored))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    start, losses = time.process_time(), []
+    for _ in range(steps):
+        params, opt_state, loss = step(params, opt_state, *next_batch())
+        losses.append(float(loss))
+    return params, losses, time.process_time() - start
+
+
+def evaluate(model: Encoder, params, batches) -> dict:
+    """Accuracy (argmax) and mean cross-entropy over the scored positions of `batches` of (tokens, targets, scored)."""
+
+    @jax.jit
+    def sums(params, tokens, targets, scored):
+        logits = model.apply(params, tokens)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        right = (jnp.argmax(logits, axis=-1) == targets) & scored
+        return jnp.sum(right), jnp.sum(losses * scored), jnp.sum(scored)
+
+    right = loss = total = 0.0
+    for tokens, targets, scored in batches:
+        r, l, n = sums(params, tokens, targets, scored)
+        right, loss, total = right + float(r), loss + float(l), total + float(n)
+    return {"accuracy": right / total, "loss": loss / total, "scored": int(total)}
+
+
+def final_loss(losses) -> float:
+    """The mean training loss over the last twentieth of the steps (one step's loss is noisy)."""
+    return float(np.mean(losses[-max(1, len(losses) // 20):]))

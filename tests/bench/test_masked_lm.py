@@ -1,0 +1,62 @@
+"""bench.masked_lm's data (streams, rows, masks) and bench.encoder_task's scoring, against hand-worked values and NumPy."""
+
+import jax
+import numpy as np
+import pytest
+
+from bench.encoder_task import Encoder, evaluate
+from bench.masked_lm import eval_rows, mask_rows, token_stream, train_rows
+from models.tokens import EOS_ID
+
+
+class _Pieces:
+    """A stand-in vocabulary: one id per word, 10 + its position in a fixed list."""
+
+    words = ["a", "dog", "runs", "the", "cat"]
+
+    def encode(self, sentences):
+        return [[10 + self.words.index(w) for w in s.split()] for s in sentences]
+
+
+def test_sentences_join_into_one_stream_each_closed_by_eos():
+    stream = token_stream(_Pieces(), ["a dog runs", "the cat"])
+    assert stream.tolist() == [10, 11, 12, EOS_ID, 13, 14, EOS_ID] and stream.dtype == np.int32
+
+
+def test_each_row_masks_its_share_of_positions_and_keeps_the_originals_as_targets():
+    rows = np.arange(40).reshape(2, 20) + 5
+    tokens, targets, masked = mask_rows(np.random.default_rng(0), rows, rate=0.15, mask_id=99)
+    assert masked.sum(axis=1).tolist() == [3, 3]  # round(0.15 * 20)
+    assert (targets == rows).all()
+    assert (tokens[masked] == 99).all() and (tokens[~masked] == rows[~masked]).all()
+
+
+def test_training_rows_are_windows_of_the_stream_and_eval_rows_cut_it_in_order():
+    stream = np.arange(50, dtype=np.int32)
+    for row in train_rows(np.random.default_rng(1), stream, rows=5, length=7):
+        assert row.tolist() == list(range(row[0], row[0] + 7))
+    assert eval_rows(stream, 16).tolist() == [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
+    with pytest.raises(ValueError, match="length = 64 exceeds the evaluation stream"):
+        eval_rows(stream, 64)
+    with pytest.raises(ValueError, match="length = 64 exceeds the training stream"):
+        train_rows(np.random.default_rng(1), stream, rows=1, length=64)
+
+
+def test_evaluate_pools_accuracy_and_cross_entropy_over_the_scored_positions_of_all_batches():
+    model = Encoder(vocab_size=11, length=6, attention_type="softmax")
+    rng = np.random.default_rng(3)
+    batches = [(rng.integers(0, 11, (b, 6)).astype(np.int32), rng.integers(0, 11, (b, 6)).astype(np.int32),
+                rng.random((b, 6)) < 0.4) for b in (2, 3)]
+    params = model.init(jax.random.key(0), batches[0][0])
+    right = loss = count = 0.0
+    for tokens, targets, scored in batches:
+        logits = np.asarray(model.apply(params, tokens), np.float64)
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+        loss -= picked[scored].sum()
+        right += (logits.argmax(-1) == targets)[scored].sum()
+        count += scored.sum()
+    scores = evaluate(model, params, batches)
+    assert scores["scored"] == count
+    assert scores["accuracy"] == pytest.approx(right / count)
+    assert scores["loss"] == pytest.approx(loss / count, rel=1e-5)
