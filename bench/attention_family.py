@@ -13,6 +13,9 @@ N = 16384 plan 32 GiB), and its time ratios are then left blank. Members that
 cannot be causal (linformer) are left out of the causal rows; MLA's core is exact attention
 (its gain is the cache, `attention.family.cache_elements_per_token`), so it is not timed here.
 `--members performer lsh` times only those members (beside the exact references, which always run).
+`--window 256` adds Longformer's sliding window (Beltagy et al. 2020): exact attention to keys
+within ±256 positions (causal: the 256 before), on the blockwise kernel, which skips the blocks
+outside the band (`local_window_size`, not a family member: every `impl` honours it).
 Where `tokamax` is installed (`pip install -e ".[bench]"`; not a dependency of the library), its CPU `xla_chunked`
 exact attention runs too, an outside reference for the blockwise kernel.
 """
@@ -52,12 +55,16 @@ def timed_members(causal: bool = False) -> list[str]:
             if spec is not None and not spec.projects and (spec.causal or not causal)]
 
 
-def formulations(N: int, causal: bool, q, k, v, members=None):
-    """{name: jitted forward+backward (q, k, v) -> grads}; `members`: the family members to include (None: all)."""
+def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
+    """{name: jitted forward+backward (q, k, v) -> grads}; `members`: the family members to include (None: all);
+    `window`: also the sliding window of ±`window` keys on the blockwise kernel."""
     out = {
         "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
         "blockwise": lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"),
     }
+    if window is not None:
+        out[f"window ±{window} (blockwise)"] = lambda q, k, v: attention.dot_product_attention(
+            q, k, v, is_causal=causal, impl="blockwise", local_window_size=(window, window))
     if importlib.util.find_spec("tokamax") is not None:
         import tokamax
 
@@ -83,7 +90,7 @@ def planned_gib(step, q, k, v) -> float:
     return (stats.temp_size_in_bytes + stats.output_size_in_bytes) / 2**30
 
 
-def run(lengths, reps, clock, max_gib, members=None):
+def run(lengths, reps, clock, max_gib, members=None, window=None):
     now = CLOCKS[clock]
     print("| N | causal | formulation | fwd+bwd ms | × xla | × blockwise | planned GiB | × xla memory |")
     print("|---|---|---|---|---|---|---|---|")
@@ -91,7 +98,7 @@ def run(lengths, reps, clock, max_gib, members=None):
         keys = jax.random.split(jax.random.key(N), 3)
         q, k, v = (jax.random.normal(kk, (B, N, H, D), jnp.float32) for kk in keys)
         for causal in (False, True):
-            steps = formulations(N, causal, q, k, v, members)
+            steps = formulations(N, causal, q, k, v, members, window)
             memory = {name: planned_gib(step, q, k, v) for name, step in steps.items()}
             runnable = {name: step for name, step in steps.items() if memory[name] <= max_gib}
             times = {name: [] for name in runnable}
@@ -117,13 +124,16 @@ def main():
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
     parser.add_argument("--max_gib", type=float, default=8.0, help="run only formulations XLA plans at most this much memory for")
     parser.add_argument("--members", nargs="*", default=None, help="family members to time (default: all)")
+    parser.add_argument("--window", type=int, default=None, help="also time a sliding window of ± this many keys")
     args = parser.parse_args()
     unknown = set(args.members or ()) - set(timed_members())
     if unknown:
         parser.error(f"--members {sorted(unknown)}: expected members of {timed_members()}")
+    if args.window is not None and args.window < 0:
+        parser.error(f"--window must be >= 0, got {args.window}")
     print(f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
           f"median of {args.reps} alternating rounds ({args.clock} clock)\n")
-    run(args.lengths, args.reps, args.clock, args.max_gib, args.members)
+    run(args.lengths, args.reps, args.clock, args.max_gib, args.members, args.window)
 
 
 if __name__ == "__main__":
