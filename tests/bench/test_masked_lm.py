@@ -60,3 +60,9 @@ def test_evaluate_pools_accuracy_and_cross_entropy_over_the_scored_positions_of_
     assert scores["scored"] == count
     assert scores["accuracy"] == pytest.approx(right / count)
     assert scores["loss"] == pytest.approx(loss / count, rel=1e-5)
+
+
+def test_an_unknown_position_scheme_is_refused_by_name():
+    with pytest.raises(ValueError, match="positions must be 'learned' or 'sinusoidal', got 'rotary'"):
+        Encoder(vocab_size=5, length=4, attention_type="softmax", positions="rotary").init(
+            jax.random.key(0), np.zeros((1, 4), np.int32))
