@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import ablation_dk, ablation_family, ablation_heads, ablation_kv
+from configs import ablation_dk, ablation_family, ablation_family_long, ablation_heads, ablation_kv
 from training import config as config_lib
 from training.sweeps import store, sweep
 
@@ -121,6 +121,19 @@ def test_family_sweep_members_differ_from_softmax_at_translation_lengths():
         assert not same_params or not np.allclose(out, softmax_out, atol=1e-4), name
     with pytest.raises(ValueError, match="attention=<one of"):
         ablation_family.get_config("attention=flash")
+
+
+def test_long_family_sweep_changes_only_the_step_count():
+    # Its points must be the family sweep's points trained longer, nothing else: compare every field.
+    sweep.load_module(ROOT / "configs/ablation_family_long.py")  # a valid sweep config
+    steps = {"num_train_steps": 6000, "eval_every_steps": 600, "checkpoint_every_steps": 600}
+    for name in ablation_family_long.SWEEP_VALUES:
+        long = ablation_family_long.get_config(f"attention={name}").to_dict()
+        short = ablation_family.get_config(f"attention={name}").to_dict()
+        assert {k: long[k] for k in steps} == steps, name
+        assert {**long, **{k: short[k] for k in steps}} == short, name
+    with pytest.raises(ValueError, match="attention=<one of"):
+        ablation_family_long.get_config("attention=bigbird")  # not one of its members
 
 
 @pytest.mark.slow
