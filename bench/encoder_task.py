@@ -38,13 +38,13 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, tokens):
-        if self.positions == "learned":
-            x = nn.Embed(self.vocab_size, WIDTH)(tokens) + self.param(
-                "positions", nn.initializers.normal(0.02), (self.length, WIDTH))[None]
-        elif self.positions == "sinusoidal":
-            x = nn.Embed(self.vocab_size, WIDTH)(tokens) * WIDTH**0.5 + sinusoidal_positions(self.length, WIDTH)[None]
-        else:
+        if self.positions not in ("learned", "sinusoidal"):
             raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {self.positions!r}")
+        x = nn.Embed(self.vocab_size, WIDTH)(tokens)
+        if self.positions == "learned":
+            x = x + self.param("positions", nn.initializers.normal(0.02), (self.length, WIDTH))[None]
+        else:
+            x = x * WIDTH**0.5 + sinusoidal_positions(self.length, WIDTH)[None]
         for i in range(LAYERS):
             x = x + attention.MultiHeadAttention(
                 num_heads=HEADS, attention_type=self.attention_type, attention_options=self.attention_options,
