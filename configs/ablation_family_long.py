@@ -10,7 +10,7 @@ from the family sweep, so the gap to softmax is measured at the plateau, under o
     python sweep.py --config configs/ablation_family_long.py --workdir runs/family_long --seeds 2
 """
 
-from configs import ablation_family
+from configs import ablation_family, table3_preset
 
 SWEEP_NAME = "family_long"
 SWEEP_KEY = "attention"
@@ -24,8 +24,4 @@ def get_config(arg: str | None = None):
     key, _, value = (arg or "attention=softmax").partition("=")
     if key != SWEEP_KEY or value not in SWEEP_VALUES:
         raise ValueError(f"configs/ablation_family_long.py takes attention=<one of {SWEEP_VALUES}>, got {arg!r}")
-    config = ablation_family.get_config(arg)
-    config.num_train_steps = NUM_TRAIN_STEPS
-    config.eval_every_steps = NUM_TRAIN_STEPS // 10  # ten points on the dev curve, as the preset has
-    config.checkpoint_every_steps = NUM_TRAIN_STEPS // 10
-    return config
+    return table3_preset.set_steps(ablation_family.get_config(arg), NUM_TRAIN_STEPS)
