@@ -6,14 +6,15 @@
 Linformer (Wang et al. 2020, fig. 3) pretrains masked LMs at n = 512 and finds the validation
 perplexity of k = 128 close to full attention's. The same kind of test at this CPU's scale: the
 English side of Multi30k (read from `$MULTI30K_DIR`, as training does), tokenised with the
-project's SentencePiece unigram vocabulary trained on that text (128 pieces: characters and
-common short words), sentences joined with EOS into one stream. Training rows are N tokens at
-random offsets of the train stream; a `--mask_rate` share of each row's positions is replaced by
-a [MASK] id (BERT's masking, without its 10 % random and 10 % kept tokens) and predicted. The model is `bench.encoder_task`'s two-layer encoder, the
-same for every member and seed. Scored on the val and test_2016_flickr streams cut into
-consecutive rows, each masked `--eval_masks` times with draws fixed for every member and seed:
-masked-token perplexity and accuracy. Linformer rows differ from the softmax row only in the
-attention (E and F of `[k, N]`, shared by the heads, as in `bench.attention_family`).
+project's SentencePiece unigram vocabulary trained on that text (128 pieces: characters and common
+short words), sentences joined with EOS into one stream. Training rows are N tokens at random
+offsets of the train stream; a `--mask_rate` share of each row's positions is replaced by a [MASK]
+id (BERT's masking, without its 10 % random and 10 % kept tokens) and predicted. The model is
+`bench.encoder_task`'s two-layer encoder, the same for every member and seed. Scored on the val
+and test_2016_flickr streams cut into consecutive rows, each masked `--eval_masks` times with
+draws fixed for every member and seed: masked-token perplexity and accuracy. Linformer rows differ
+from the softmax row only in the attention (E and F of `[k, N]`, shared by the heads, as in
+`bench.attention_family`).
 
 A masked LM first sits at the unigram perplexity (47 with these pieces) until attention learns to
 read the neighbours; at N = 128 that took between 1,500 steps (PPL 44-47 at lr 1e-3 to 1e-2) and
