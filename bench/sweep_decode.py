@@ -9,6 +9,12 @@ measures trained workdirs together instead, with the tables' own measure
 (`evaluate.decoding_speed`: the eval split's first 64 sources, greedy and beam 4, cache bytes per
 target token), each workdir in turn, the order rotated every round, and each one's rate as a
 ratio to the first workdir's in the same round.
+
+The loop runs until the batch's last sentence ends (greedy) or no live beam can beat a source's
+worst finished one (beam search), so a rate mixes a model's step cost with how long it searches.
+`--max_extra_length` caps the output at the source bucket + that many tokens (the tables': 50);
+a cap above every output, e.g. `--max_extra_length 0` on Multi30k, leaves mostly the step cost
+(results/attention_family.md, "Decode speed of trained members side by side").
 """
 
 from __future__ import annotations
@@ -32,16 +38,21 @@ def main():
     parser.add_argument("workdirs", nargs="+", help="trained workdirs; the first is the reference")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=64, help="sources in the timed batch (the sweep's 64)")
+    parser.add_argument("--max_extra_length", type=int, default=50,
+                        help="output cap: source bucket + this many tokens (the sweep tables' 50)")
     args = parser.parse_args()
     if len(args.workdirs) < 2:
         parser.error(f"workdirs: got {len(args.workdirs)}; expected at least 2 to compare")
+    if args.max_extra_length < 0:
+        parser.error(f"--max_extra_length: got {args.max_extra_length}; expected >= 0")
 
     runs = [load_run(w) for w in args.workdirs]
     config = runs[0].config
     dev = load_corpus(config, config.data.eval_split)
     print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
     print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; {config.data.eval_split} sources 1-{args.rows}, "
-          f"median of 3 timed decodes after a warm-up, per workdir and round\n")
+          f"output cap bucket + {args.max_extra_length}, median of 3 timed decodes after a warm-up, "
+          "per workdir and round\n")
     print("| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy vs first | beam-4 vs first |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     sources = [run.vocab.encode(list(dev.src[: args.rows])) for run in runs]
@@ -51,7 +62,8 @@ def main():
         measured = {}
         for i in order:
             run = runs[i]
-            measured[i] = evaluate.decoding_speed(run.model, run.params, sources[i], run.config.data.bucket_lengths)
+            measured[i] = evaluate.decoding_speed(run.model, run.params, sources[i], run.config.data.bucket_lengths,
+                                                  max_extra_length=args.max_extra_length)
         for i, (workdir, run) in enumerate(zip(args.workdirs, runs)):
             m, first = measured[i], measured[0]
             vs = {name: m[key] / first[key] for name, key in RATES.items()}
