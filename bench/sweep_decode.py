@@ -13,7 +13,7 @@ ratio to the first workdir's in the same round.
 The loop runs until the batch's last sentence ends (greedy) or no live beam can beat a source's
 worst finished one (beam search), so a rate mixes a model's step cost with how long it searches.
 `--max_extra_length` caps the output at the source bucket + that many tokens (the tables': 50);
-a cap above every output, e.g. `--max_extra_length 0` on Multi30k, leaves mostly the step cost
+a cap just above the finished outputs (`--max_extra_length 0` on Multi30k's val) leaves mostly the step cost
 (results/attention_family.md, "Decode speed of trained members side by side").
 """
 
