@@ -13,8 +13,8 @@ ratio to the first workdir's in the same round.
 The loop runs until the batch's last sentence ends (greedy) or no live beam can beat a source's
 worst finished one (beam search), so a rate mixes a model's step cost with how long it searches.
 `--max_extra_length` caps the output at the source bucket + that many tokens (the tables': 50);
-a cap just above the finished outputs (`--max_extra_length 0` on Multi30k's val) leaves mostly the step cost
-(results/attention_family.md, "Decode speed of trained members side by side").
+a cap just above the finished outputs (`--max_extra_length 0` on Multi30k's val) leaves mostly
+the step cost (results/attention_family.md, "Decode speed of trained members side by side").
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def main():
     parser.add_argument("workdirs", nargs="+", help="trained workdirs; the first is the reference")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=64, help="sources in the timed batch (the sweep's 64)")
-    parser.add_argument("--max_extra_length", type=int, default=50,
-                        help="output cap: source bucket + this many tokens (the sweep tables' 50)")
+    parser.add_argument("--max_extra_length", type=int, default=evaluate.SPEED_EXTRA_LENGTH,
+                        help="output cap: source bucket + this many tokens (default: the sweep tables' cap)")
     args = parser.parse_args()
     if len(args.workdirs) < 2:
         parser.error(f"workdirs: got {len(args.workdirs)}; expected at least 2 to compare")

@@ -37,7 +37,11 @@ def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path)
     }
 
 
-def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6, max_extra_length: int = 50, repeats: int = 3) -> dict:
+SPEED_EXTRA_LENGTH = 50  # decoding_speed's output cap, source bucket + this: the sweep tables' measure
+
+
+def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6,
+                   max_extra_length: int = SPEED_EXTRA_LENGTH, repeats: int = 3) -> dict:
     """Decode-cache bytes per target token and output tokens/s of greedy and beam search on one batch.
 
     src_ids: the batch's source token ids (one padded batch at the bucket of the longest). Cache bytes are
