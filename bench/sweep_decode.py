@@ -12,9 +12,10 @@ ratio to the first workdir's in the same round.
 
 The loop runs until the batch's last sentence ends (greedy) or no live beam can beat a source's
 worst finished one (beam search), so a rate mixes a model's step cost with how long it searches.
-`--max_extra_length` caps the output at the source bucket + that many tokens (the tables': 50);
-a cap just above the finished outputs (`--max_extra_length 0` on Multi30k's val) leaves mostly
-the step cost (results/attention_family.md, "Decode speed of trained members side by side").
+Each row therefore also gives the decoder steps the loop ran and the time per step (median time
+÷ steps): the step cost without the search length (a longer search still reads a longer cache
+at its later steps). `--max_extra_length` caps the output at the source bucket + that many
+tokens (the tables': 50).
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 
-RATES = {"greedy": "decode_tokens_per_s_beam1", "beam 4": "decode_tokens_per_s_beam4"}
+BEAMS = {"greedy": 1, "beam 4": 4}
+
+
+def ms_per_step(measured: dict, beam: int) -> float:
+    """Median decode time ÷ the loop's steps, from `evaluate.decoding_speed`'s tokens, rate and steps."""
+    seconds = measured[f"decode_output_tokens_beam{beam}"] / measured[f"decode_tokens_per_s_beam{beam}"]
+    return 1e3 * seconds / measured[f"decode_steps_beam{beam}"]
 
 
 def main():
@@ -53,10 +60,12 @@ def main():
     print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; {config.data.eval_split} sources 1-{args.rows}, "
           f"output cap bucket + {args.max_extra_length}, median of 3 timed decodes after a warm-up, "
           "per workdir and round\n")
-    print("| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy vs first | beam-4 vs first |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy steps | beam-4 steps "
+          "| greedy ms/step | beam-4 ms/step | greedy tok/s vs first | beam-4 tok/s vs first | greedy ms/step vs first | beam-4 ms/step vs first |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sources = [run.vocab.encode(list(dev.src[: args.rows])) for run in runs]
-    ratios = {(w, name): [] for w in args.workdirs[1:] for name in RATES}
+    measures = {"tok/s": lambda m, beam: m[f"decode_tokens_per_s_beam{beam}"], "ms/step": ms_per_step}
+    ratios = {(w, what, name): [] for w in args.workdirs[1:] for what in measures for name in BEAMS}
     for r in range(args.rounds):
         order = [(i + r) % len(runs) for i in range(len(runs))]
         measured = {}
@@ -65,18 +74,23 @@ def main():
             measured[i] = evaluate.decoding_speed(run.model, run.params, sources[i], run.config.data.bucket_lengths,
                                                   max_extra_length=args.max_extra_length)
         for i, (workdir, run) in enumerate(zip(args.workdirs, runs)):
-            m, first = measured[i], measured[0]
-            vs = {name: m[key] / first[key] for name, key in RATES.items()}
+            m = measured[i]
+            vs = {(what, name): f(m, beam) / f(measured[0], beam) for what, f in measures.items() for name, beam in BEAMS.items()}
             if i:
-                for name in RATES:
-                    ratios[(workdir, name)].append(vs[name])
+                for key, ratio in vs.items():
+                    ratios[(workdir, *key)].append(ratio)
+            cells = [f"{m[f'decode_tokens_per_s_beam{b}']:,.0f}" for b in BEAMS.values()]
+            cells += [f"{m[f'decode_steps_beam{b}']}" for b in BEAMS.values()]
+            cells += [f"{ms_per_step(m, b):.2f}" for b in BEAMS.values()]
+            cells += [f"{ratio:.2f}" for ratio in vs.values()]
             print(f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} | {m['kv_cache_bytes_per_token']:,.0f} | "
-                  f"{m[RATES['greedy']]:,.0f} | {m[RATES['beam 4']]:,.0f} | {vs['greedy']:.2f} | {vs['beam 4']:.2f} |", flush=True)
-    print(f"\n| workdir | greedy tok/s vs {args.workdirs[0]}, median (each round) | beam-4 tok/s vs it, median (each round) |")
-    print("|---|---:|---:|")
+                  f"{' | '.join(cells)} |", flush=True)
+    header = " | ".join(f"{name} {what} vs first" for what in measures for name in BEAMS)
+    print(f"\nMedian (each round) against {args.workdirs[0]}:\n\n| workdir | {header} |")
+    print("|---|" + "---:|" * len(measures) * len(BEAMS))
     for workdir in args.workdirs[1:]:
         cells = [f"**{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"
-                 for xs in (ratios[(workdir, name)] for name in RATES)]
+                 for xs in (ratios[(workdir, what, name)] for what in measures for name in BEAMS)]
         print(f"| {workdir} | {' | '.join(cells)} |")
 
 

@@ -126,10 +126,13 @@ class _Greedy(NamedTuple):
 
 def greedy_decode(
     model, params, src_tokens: Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH,
-) -> Array:
+    return_steps: bool = False,
+) -> Array | tuple[Array, Array]:
     """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
 
     Stops early once every sequence has produced EOS. `first_cache_length`: see `cache_lengths`.
+    `return_steps`: also return the decoder steps the loop ran ([] int32), to tell a dearer step
+    from a longer search when timing.
     """
     _check_args(model, src_tokens, max_len)
     lengths = cache_lengths(max_len, first_cache_length)
@@ -159,7 +162,8 @@ def greedy_decode(
         tokens=jnp.full((batch, max_len), cfg.pad_id, jnp.int32),
         finished=jnp.zeros((batch,), bool),
     )
-    return _grown_loop(cond, body, state, empty_cache, lengths).tokens
+    s = _grown_loop(cond, body, state, empty_cache, lengths)
+    return (s.tokens, s.step) if return_steps else s.tokens
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
@@ -182,15 +186,16 @@ class _Beams(NamedTuple):
 
 def beam_search(
     model, params, src_tokens: Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
-    return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH,
-) -> tuple[Array, Array]:
+    return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH, return_steps: bool = False,
+) -> tuple[Array, ...]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
     Returns (tokens [B, max_len] int32, scores [B] float32) of the best hypothesis, or all
     `beam_size` of them best first ([B, K, max_len], [B, K]) with `return_all_beams`.
     Hypotheses still without EOS at `max_len` compete with score log P / lp(max_len).
     Stops early once no alive beam can beat the worst finished one (valid for alpha >= 0).
-    `first_cache_length`: see `cache_lengths`.
+    `first_cache_length`: see `cache_lengths`. `return_steps`: a third output, the decoder steps
+    the loop ran ([] int32).
     """
     _check_args(model, src_tokens, max_len)
     lengths = cache_lengths(max_len, first_cache_length)
@@ -263,7 +268,8 @@ def beam_search(
         jnp.concatenate([s.finished_seqs, s.alive_seqs], axis=1),
         jnp.concatenate([s.finished_scores, s.alive_logp / length_penalty(s.step, alpha)], axis=1), K,
     )
-    return (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
+    out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
+    return (*out, s.step) if return_steps else out
 
 
 def _take_beams(x, beams):

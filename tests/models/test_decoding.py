@@ -17,9 +17,9 @@ PAD, EOS, BOS = 0, 1, 2
 SRC = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14], [15, 3, 0, 0, 0, 0]], jnp.int32)
 MAX_LEN = 8
 
-greedy = jax.jit(models.greedy_decode, static_argnums=(0, 3), static_argnames=("first_cache_length",))
+greedy = jax.jit(models.greedy_decode, static_argnums=(0, 3), static_argnames=("first_cache_length", "return_steps"))
 beam = jax.jit(models.beam_search, static_argnums=(0,),
-               static_argnames=("beam_size", "alpha", "max_len", "return_all_beams", "first_cache_length"))
+               static_argnames=("beam_size", "alpha", "max_len", "return_all_beams", "first_cache_length", "return_steps"))
 # first_cache_length=3 grows the cache through 3, 6, 8 positions within MAX_LEN's 8 steps
 GROWN = [None, 3]
 
@@ -147,6 +147,29 @@ def test_beam_search_beats_myopic_greedy_on_a_hand_built_model():
     tokens, scores = beam(model, {}, src, beam_size=2, alpha=0.6, max_len=5)
     np.testing.assert_array_equal(tokens, [[B, C, EOS, PAD, PAD]] * 2)
     np.testing.assert_allclose(scores, [math.log(0.45 * 0.9 * 0.9) / (8 / 6) ** 0.6] * 2, rtol=1e-5)
+
+
+def test_step_counts_by_hand_on_the_hand_built_model():
+    """Greedy stops on its EOS at step 3. Beam 2 after step 3 holds finished B C EOS, A C EOS (log .11 / lp(3) = -1.857)
+    and alive A C A, A C B (log .055): at max_len 5 the bound log .055 / lp(5) = -2.134 is below the worst finished, so
+    it stops there; at max_len 8 the bound is -1.823, so it runs a 4th step (both alive beams end: EOS at .055, -2.274)."""
+    model = HandBuiltDecoder(models.TransformerConfig(vocab_size=6, max_len=8))
+    src = jnp.ones((2, 3), jnp.int32)
+    assert int(greedy(model, {}, src, 5, return_steps=True)[1]) == 3
+    for max_len, steps in [(5, 3), (8, 4)]:
+        tokens, _, loop_steps = beam(model, {}, src, beam_size=2, alpha=0.6, max_len=max_len, return_steps=True)
+        np.testing.assert_array_equal(tokens[:, :3], [[B, C, EOS]] * 2)
+        assert int(loop_steps) == steps
+
+
+@pytest.mark.parametrize("eos_bias", [3.0, -1e9])
+def test_greedy_runs_until_its_last_row_ends_and_an_endless_beam_to_max_len(eos_bias):
+    model, params = random_model(eos_bias=eos_bias)
+    tokens, steps = greedy(model, params, SRC, MAX_LEN, return_steps=True)
+    ends = [int(np.argmax(row == EOS)) + 1 if (row == EOS).any() else MAX_LEN for row in np.asarray(tokens)]
+    assert int(steps) == max(ends)
+    if eos_bias < 0:
+        assert int(beam(model, params, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_steps=True)[2]) == MAX_LEN
 
 
 @pytest.mark.parametrize(

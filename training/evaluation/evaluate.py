@@ -48,6 +48,8 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     what one target position adds to every decoder layer's K and V, or MLA's latent, per row
     (`decoding.cache_bytes_per_position`; performer's fixed-size state does not grow and is not counted);
     tokens/s counts each sentence's output tokens up to its EOS, median of `repeats` timed runs after a warm-up.
+    The loop runs until the batch's last search ends, so the rate mixes step cost with search length: the
+    ints `decode_steps_beamK` (decoder steps the loop ran) and `decode_output_tokens_beamK` tell them apart.
     """
     src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read, as translate does
     length = bucket_length(max(len(s) for s in src_ids), bucket_lengths)
@@ -56,8 +58,8 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     encoded = model.apply({"params": params}, src, method="encode")
     result = {"kv_cache_bytes_per_token": decoding.cache_bytes_per_position(model, params, encoded, src), "decode_batch": src.shape[0]}
     for beam_size in beam_sizes:
-        decode = translate.decoder(model, beam_size, alpha, max_len)
-        tokens = np.asarray(decode(params, src))  # compile and warm up
+        decode = translate.decoder(model, beam_size, alpha, max_len, return_steps=True)
+        tokens, steps = map(np.asarray, decode(params, src))  # compile and warm up
         generated = sum(int(np.argmax(row == model.config.eos_id)) + 1 if model.config.eos_id in row else len(row) for row in tokens)
         times = []
         for _ in range(repeats):
@@ -65,6 +67,8 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
             jax.block_until_ready(decode(params, src))
             times.append(time.perf_counter() - start)
         result[f"decode_tokens_per_s_beam{beam_size}"] = generated / statistics.median(times)
+        result[f"decode_output_tokens_beam{beam_size}"] = generated
+        result[f"decode_steps_beam{beam_size}"] = int(steps)
     return result
 
 

@@ -41,10 +41,16 @@ def translate(
 
 
 @functools.lru_cache(maxsize=32)
-def decoder(model, beam_size, alpha, max_len):
+def decoder(model, beam_size, alpha, max_len, return_steps=False):
+    """A jitted decode of a source batch to tokens [B, max_len]; with `return_steps`, (tokens, loop steps)."""
     if beam_size == 1:
-        return jax.jit(lambda params, src: greedy_decode(model, params, src, max_len))
-    return jax.jit(lambda params, src: beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len)[0])
+        return jax.jit(lambda params, src: greedy_decode(model, params, src, max_len, return_steps=return_steps))
+
+    def decode(params, src):
+        tokens, _, *steps = beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len,
+                                        return_steps=return_steps)
+        return (tokens, *steps) if return_steps else tokens
+    return jax.jit(decode)
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:

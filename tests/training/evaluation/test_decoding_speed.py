@@ -28,3 +28,16 @@ def test_mla_counts_its_latent_cache():
     # one float32 latent of d_c = 6 a token in each of 2 decoder self-attentions (the cross-attention's source K/V
     # are a fixed cache, not one that grows with the output)
     assert result["kv_cache_bytes_per_token"] == 2 * 6 * 4
+
+
+def test_a_model_that_never_ends_runs_every_step_to_the_cap():
+    """EOS made impossible: each of 2 rows emits max_len = 8 tokens (the model's, below bucket 4 + 50), greedy and beam."""
+    config = TransformerConfig(vocab_size=20, d_model=16, num_heads=4, num_layers=1, mlp_dim=24, max_len=8, dropout_rate=0.0,
+                               tie_embeddings=False)
+    model = Transformer(config)
+    params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
+    bias = params["decoder"]["logits"]["bias"]
+    params["decoder"]["logits"]["bias"] = bias.at[config.eos_id].set(-1e9)
+    result = decoding_speed(model, params, [[5, 6, 7], [8, 9]], bucket_lengths=(4, 8), beam_sizes=(1, 2), repeats=1)
+    for beam in (1, 2):
+        assert result[f"decode_steps_beam{beam}"] == 8 and result[f"decode_output_tokens_beam{beam}"] == 2 * 8
