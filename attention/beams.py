@@ -17,7 +17,7 @@ row, source and KV head (K times the multiply-adds of a beam's own, at the same 
 float32 beam-4 decoding went from 1.88x to 2.02x Flax's examples/wmt, results/peer.md section 6).
 It follows `attention.head`'s conventions (float32 logits and softmax, masked logits at
 `finfo.min`), and equals `attention.attend` over `gather_history`'s keys and values up to the
-order of float sums. `gather_history` is the general path: it materialises each beam's history
+order of float sums; a `bias` on the logits serves members that weight positions (span). `gather_history` is the general path: it materialises each beam's history
 (a copy, as the reorder was) for every attention that `history_attention` does not serve.
 """
 
@@ -45,12 +45,15 @@ def gather_history(x: Array, beam_rows: Array) -> Array:
 
 
 def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, mask: Array,
-                      dtype: Any = None, precision: Any = None) -> Array:
+                      dtype: Any = None, precision: Any = None, bias: Array | None = None) -> Array:
     """Each beam's queries attend its own history in the shared cache.
 
     query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's
     layout); beam_rows `[B, K, L]` int; mask broadcastable to `[B*K, H, Lq, L]` bool (the cache
-    positions filled so far, and the caller's mask). Returns `[B*K, Lq, H, Dv]` in `dtype`.
+    positions filled so far, and the caller's mask); bias, if given, broadcastable to the same
+    shape, float, added to the logits (a position's offset, as span's log soft mask: it depends
+    on the position in the hypothesis, which is the same in every row). Returns `[B*K, Lq, H, Dv]`
+    in `dtype`.
     """
     B, K, L = beam_rows.shape
     _, Lq, H, Dk = query.shape
@@ -69,6 +72,8 @@ def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, 
     keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
     logits = jnp.einsum("bjgmd,bjgpd->bjgmp", queries, keys, precision=precision,
                         preferred_element_type=logits_dtype(dtype))
+    if bias is not None:
+        logits = logits + _by_source(bias, B, K, G, H, Lq).reshape(B, 1, G, K * Lq * R, L).astype(logits.dtype)
     weights = jax.nn.softmax(jnp.where(_history_mask(beam_rows, mask, G, H, Lq), logits,
                                        jnp.finfo(logits.dtype).min), axis=(1, 4)).astype(dtype)
     out = jnp.einsum("bjgmp,bjgpd->bjgmd", weights, values, precision=precision,
@@ -76,10 +81,15 @@ def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, 
     return out.reshape(B, G, K, Lq, R, Dv).transpose(0, 2, 3, 1, 4, 5).reshape(B * K, Lq, H, Dv).astype(dtype)
 
 
+def _by_source(x, B, K, G, H, Lq):
+    """x broadcastable to `[B*K, H, Lq, L]` -> `[B, 1, G, K, Lq R, L]`: the queries' order in `history_attention`."""
+    L = x.shape[-1]
+    x = jnp.broadcast_to(x, (B * K, H, Lq, L)).reshape(B, K, G, H // G, Lq, L)
+    return x.transpose(0, 2, 1, 4, 3, 5).reshape(B, 1, G, K, Lq * (H // G), L)
+
+
 def _history_mask(beam_rows, mask, G, H, Lq):
     """`[B, K (row j), G, K Lq R, L]`: beam k's query sees row j's position p if p is on k's history and `mask` allows."""
     B, K, L = beam_rows.shape
-    caller = jnp.broadcast_to(mask, (B * K, H, Lq, L)).reshape(B, K, G, H // G, Lq, L)
-    caller = caller.transpose(0, 2, 1, 4, 3, 5).reshape(B, 1, G, K, Lq * (H // G), L)  # [B, 1, G, k, (Lq R), L]
     on_history = beam_rows[:, None, None, :, None, :] == jnp.arange(K)[None, :, None, None, None, None]
-    return (caller & on_history).reshape(B, K, G, K * Lq * (H // G), L)
+    return (_by_source(mask, B, K, G, H, Lq) & on_history).reshape(B, K, G, K * Lq * (H // G), L)

@@ -222,13 +222,16 @@ class MultiHeadAttention(nn.Module):
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry, shared_qk=spec.shared_qk)
         if self.normalize_qk:
             query, key = self._normalize_qk(query, key)
-        offset = 0
+        offset, beams_kwarg = 0, {}
         if self.decode and spec.decode == "kv_cache":
-            key, value, mask, cached, _ = self._use_cache(query, key, value, mask)
+            key, value, mask, cached, beam_rows = self._use_cache(query, key, value, mask,
+                                                                   beams_in_place=spec.beams_in_place)
             if cached:  # the first new query's absolute position
                 offset = self.get_variable("cache", "cache_index") - Lq
+            if beam_rows is not None:
+                beams_kwarg = {"beam_rows": beam_rows}
         mask = flatten_batch(as_bool_mask("mask", mask, (*batch, self.num_heads, Lq, key.shape[-3])), batch)
-        x = module(flat(query), flat(key), flat(value), mask=mask, is_causal=causal, query_offset=offset)
+        x = module(flat(query), flat(key), flat(value), mask=mask, is_causal=causal, query_offset=offset, **beams_kwarg)
         return x.reshape(*batch, *x.shape[1:])
 
     def _check_config(self, inputs_q, is_self_attention):

@@ -35,7 +35,7 @@ ATTENTION_TYPES = {
     "linformer": Member(Linformer, causal=False, cross=True, decode=None),
     "performer": Member(Performer, causal=True, cross=True, decode="state"),
     "entmax": Member(Entmax, causal=True, cross=True, decode="kv_cache"),
-    "span": Member(Span, causal=True, cross=False, decode="kv_cache"),
+    "span": Member(Span, causal=True, cross=False, decode="kv_cache", beams_in_place=True),
     "mla": Member(MLA, causal=True, cross=True, decode="state", grouped=False, projects=True),
 }
 

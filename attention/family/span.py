@@ -22,6 +22,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from attention.beams import history_attention
 from attention.core import attend
 from attention.family.member import LayerFilled, require_positive_ints
 
@@ -43,8 +44,11 @@ class Span(LayerFilled):
     impl: str = "vmap"
 
     @nn.compact
-    def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
-        """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`."""
+    def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0, beam_rows=None):
+        """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`.
+
+        beam_rows `[sources, K, Lk]`: under beam search, the cache read in place (`attention.beams`).
+        """
         require_positive_ints("span", max_span=self.max_span, ramp=self.ramp)
         if not 0.0 <= self.span_init <= 1.0:
             raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
@@ -64,6 +68,9 @@ class Span(LayerFilled):
         inside = m > 0
         mask = inside if mask is None else jnp.logical_and(mask, inside)
         bias = jnp.log(jnp.maximum(m, jnp.finfo(jnp.float32).tiny))
+        if beam_rows is not None:
+            return history_attention(query, key, value, beam_rows, mask, dtype=self.dtype, precision=self.precision,
+                                     bias=bias)
         out, _ = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal and window is not None,
                         local_window_size=window, impl=self.impl, dtype=self.dtype, precision=self.precision)
         return out

@@ -10,8 +10,8 @@ from attention import MultiHeadAttention, beams
 RNG = np.random.default_rng(0)
 
 
-def numpy_history_attention(query, key, value, beam_rows, mask):
-    """Per beam: its keys/values gathered position by position, then softmax(q kᵀ/√d) v in float64."""
+def numpy_history_attention(query, key, value, beam_rows, mask, bias=None):
+    """Per beam: its keys/values gathered position by position, then softmax(q kᵀ/√d + bias) v in float64."""
     B, K, L = beam_rows.shape
     q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
     H, G = q.shape[2], k.shape[2]
@@ -23,14 +23,17 @@ def numpy_history_attention(query, key, value, beam_rows, mask):
             for h in range(H):
                 g = h // (H // G)
                 logits = q[b * K + beam, :, h] @ k_hist[:, g].T / np.sqrt(q.shape[-1])
+                if bias is not None:
+                    logits = logits + np.broadcast_to(bias, mask.shape)[b * K + beam, h]
                 logits = np.where(mask[b * K + beam, h], logits, -np.inf)
                 weights = np.exp(logits - logits.max(-1, keepdims=True))
                 out[b * K + beam, :, h] = (weights / weights.sum(-1, keepdims=True)) @ v_hist[:, g]
     return out
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("H, G, Lq", [(4, 4, 1), (4, 2, 1), (2, 1, 2)])
-def test_history_attention_matches_numpy_over_gathered_histories(H, G, Lq):
+def test_history_attention_matches_numpy_over_gathered_histories(H, G, Lq, with_bias):
     B, K, L, D = 3, 4, 7, 8
     filled = 5  # positions 0..4 written; the queries are the last Lq of them
     query = RNG.normal(size=(B * K, Lq, H, D)).astype(np.float32)
@@ -39,10 +42,13 @@ def test_history_attention_matches_numpy_over_gathered_histories(H, G, Lq):
     positions = filled - Lq + np.arange(Lq)
     mask = np.broadcast_to(np.arange(L)[None, :] <= positions[:, None], (B * K, H, Lq, L)).copy()
     mask[1, 0, -1, 2] = False  # a caller's mask entry, honoured too
+    # a bias per head, query and position (as span's log soft mask), shared by the rows: [1, H, Lq, L]
+    bias = RNG.normal(size=(1, H, Lq, L)).astype(np.float32) if with_bias else None
     out = beams.history_attention(jnp.asarray(query), jnp.asarray(key), jnp.asarray(value),
-                                  jnp.asarray(beam_rows), jnp.asarray(mask))
+                                  jnp.asarray(beam_rows), jnp.asarray(mask), bias=None if bias is None else jnp.asarray(bias))
     assert out.shape == (B * K, Lq, H, D)
-    np.testing.assert_allclose(out, numpy_history_attention(query, key, value, beam_rows, mask), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(out, numpy_history_attention(query, key, value, beam_rows, mask, bias),
+                               rtol=2e-5, atol=2e-6)
 
 
 def test_gather_history_takes_each_position_from_its_row():
