@@ -7,7 +7,8 @@ mask m_z(x) = min(max((R + z − x) / R, 0), 1) (ramp R) before normalisation:
 
 computed as softmax(s + log m) with m = 0 masked out, by `attention.attend` (any `impl`):
 keys farther than S + R are never attended, so `impl="blockwise"` skips them (the window),
-and the cost is O(N (S + R)) there. Without `is_causal` the distance is |i − j|. The span is
+and the cost is O(N (S + R)) there; under beam search, by `attention.beams.history_attention`,
+which reads the cache in place. Without `is_causal` the distance is |i − j|. The span is
 the parameter "span" `[H]` as a fraction of S, clipped to [0, 1] in the forward pass (the paper
 clamps it after each update), initialised to `span_init`. The paper's L1 penalty, (λ / M) Σ_h z_h
 over a layer's M heads, is what lets spans shrink: with `l1_penalty` λ > 0 the module sows it
