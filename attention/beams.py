@@ -17,8 +17,9 @@ row, source and KV head (K times the multiply-adds of a beam's own, at the same 
 float32 beam-4 decoding went from 1.88x to 2.02x Flax's examples/wmt, results/peer.md section 6).
 It follows `attention.head`'s conventions (float32 logits and softmax, masked logits at
 `finfo.min`), and equals `attention.attend` over `gather_history`'s keys and values up to the
-order of float sums; a `bias` on the logits serves members that weight positions (span). `gather_history` is the general path: it materialises each beam's history
-(a copy, as the reorder was) for every attention that `history_attention` does not serve.
+order of float sums; a `bias` on the logits serves members that weight positions (span).
+`gather_history` is the general path: it materialises each beam's history (a copy, as the
+reorder was) for every attention that `history_attention` does not serve.
 """
 
 from __future__ import annotations

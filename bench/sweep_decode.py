@@ -13,9 +13,9 @@ ratio to the first workdir's in the same round.
 The loop runs until the batch's last sentence ends (greedy) or no live beam can beat a source's
 worst finished one (beam search), so a rate mixes a model's step cost with how long it searches.
 Each row therefore also gives the decoder steps the loop ran and the time per step (median time
-÷ steps, the encoder's one call included): the step cost without the search length (a longer search still reads a longer cache
-at its later steps). `--max_extra_length` caps the output at the source bucket + that many
-tokens (the tables': 50).
+÷ steps, the encoder's one call included): the step cost without the search length (a longer
+search still reads a longer cache at its later steps). `--max_extra_length` caps the output at
+the source bucket + that many tokens (the tables': 50).
 """
 
 from __future__ import annotations

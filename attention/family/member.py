@@ -8,7 +8,9 @@ A member is a Linen module called by `attention.MultiHeadAttention` (attribute
 
 `query_offset` is the absolute position of the first query, an int or one per sequence `[B]`
 (non-zero only when decoding over the layer's KV cache; the NNX layer keeps a position per
-sequence). A member with `beams_in_place` also takes `beam_rows` under beam search (`attention.beams`). A member that `projects` (MLA) builds its own heads from the inputs instead. `Member` records what the layer must check or provide before calling it.
+sequence). A member with `beams_in_place` also takes `beam_rows` under beam search
+(`attention.beams`). A member that `projects` (MLA) builds its own heads from the inputs
+instead. `Member` records what the layer must check or provide before calling it.
 """
 
 from __future__ import annotations
