@@ -73,15 +73,17 @@ def main():
             run = runs[i]
             measured[i] = evaluate.decoding_speed(run.model, run.params, sources[i], run.config.data.bucket_lengths,
                                                   max_extra_length=args.max_extra_length)
+        values = {i: {(what, name): f(m, beam) for what, f in measures.items() for name, beam in BEAMS.items()}
+                  for i, m in measured.items()}
         for i, (workdir, run) in enumerate(zip(args.workdirs, runs)):
-            m = measured[i]
-            vs = {(what, name): f(m, beam) / f(measured[0], beam) for what, f in measures.items() for name, beam in BEAMS.items()}
+            m, own = measured[i], values[i]
+            vs = {key: value / values[0][key] for key, value in own.items()}
             if i:
                 for key, ratio in vs.items():
                     ratios[(workdir, *key)].append(ratio)
-            cells = [f"{m[f'decode_tokens_per_s_beam{b}']:,.0f}" for b in BEAMS.values()]
+            cells = [f"{own[('tok/s', name)]:,.0f}" for name in BEAMS]
             cells += [f"{m[f'decode_steps_beam{b}']}" for b in BEAMS.values()]
-            cells += [f"{ms_per_step(m, b):.2f}" for b in BEAMS.values()]
+            cells += [f"{own[('ms/step', name)]:.2f}" for name in BEAMS]
             cells += [f"{ratio:.2f}" for ratio in vs.values()]
             print(f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} | {m['kv_cache_bytes_per_token']:,.0f} | "
                   f"{' | '.join(cells)} |", flush=True)
