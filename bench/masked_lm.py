@@ -5,6 +5,7 @@
 
 Each row trains from the same seed, rows and masks, so rows can run as separate processes
 (`--projected_lengths` with no value: softmax alone; `--no-softmax`: the Linformer rows alone).
+`--projection_init pooling` starts E and F as window means (the identity at k = N) instead of noise.
 
 Linformer (Wang et al. 2020, fig. 3) pretrains masked LMs at n = 512 and finds the validation
 perplexity of k = 128 close to full attention's. The same kind of test at this CPU's scale: the
@@ -108,6 +109,8 @@ def main():
     parser.add_argument("--learning_rate", type=float, default=3e-3)
     parser.add_argument("--eval_masks", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--projection_init", default="uniform", choices=["uniform", "pooling"],
+                        help="Linformer's E and F at the start: noise (the reference's) or window means (the identity at k = N)")
     parser.add_argument("--softmax", action=argparse.BooleanOptionalAction, default=True,
                         help="train the exact-softmax row (--no-softmax: only the Linformer rows, e.g. on another core)")
     args = parser.parse_args()
@@ -123,7 +126,9 @@ def main():
     vocab_size = vocab.get_piece_size() + 1  # the last id is [MASK]
     settings = {"softmax": {}} if args.softmax else {}
     for k in args.projected_lengths:
-        settings[f"linformer k = {k}"] = {**member_options("linformer", args.length), "projected_length": k}
+        name = f"linformer k = {k}" + ("" if args.projection_init == "uniform" else f", {args.projection_init} init")
+        settings[name] = {**member_options("linformer", args.length), "projected_length": k,
+                          "projection_init": args.projection_init}
     print(f"Masked LM on Multi30k {args.language}: N = {args.length}, vocabulary {vocab_size}, "
           f"{len(streams['train']):,} train tokens, {args.steps} steps of {args.batch} rows, "
           f"mask rate {args.mask_rate}, seed {args.seed}\n")

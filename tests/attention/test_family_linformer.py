@@ -48,6 +48,22 @@ def test_k_equal_n_with_identity_projections_is_exact_attention():
     np.testing.assert_allclose(out, reference.attention(q, k, v)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_pooling_init_averages_consecutive_windows():
+    q, k, v = qkv(Lk=7)
+    E = Linformer(max_length=7, projected_length=3, projection_init="pooling").init(
+        jax.random.key(0), q, k, v)["params"]["E"]
+    third, half = 1 / 3, 1 / 2  # ⌊j·3/7⌋ for j = 0..6: 0 0 0 1 1 2 2
+    expected = [[third, third, third, 0, 0, 0, 0], [0, 0, 0, half, half, 0, 0], [0, 0, 0, 0, 0, half, half]]
+    np.testing.assert_allclose(E, expected, rtol=1e-6)
+
+
+def test_pooling_init_at_k_equal_n_starts_as_exact_attention():
+    q, k, v = qkv(Lk=6)
+    module = Linformer(max_length=6, projected_length=6, projection_init="pooling")
+    out = module.apply(module.init(jax.random.key(0), q, k, v), q, k, v)
+    np.testing.assert_allclose(out, reference.attention(q, k, v)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "kwargs, call, message",
     [
@@ -55,6 +71,7 @@ def test_k_equal_n_with_identity_projections_is_exact_attention():
         (dict(max_length=6), {}, "max_length = 6; the keys have length 7"),
         ({}, dict(mask=jnp.ones((1, 1, 5, 7), bool)), "key-padding masks"),
         (dict(projected_length=0), {}, "projected_length = 0"),
+        (dict(projection_init="identity"), {}, "projection_init = 'identity'"),
     ],
 )
 def test_bad_settings_raise_naming_the_field(kwargs, call, message):
