@@ -3,7 +3,7 @@
     taskset -c 1 python -m bench.attention_family --lengths 1024 4096 --reps 3   # results/attention_family.md
 
 For each N and causal / not, every member's attention core (its module on q, k, v `[1, N, 8, 64]`,
-gradients w.r.t. q, k, v) and the exact references: `jax.nn.dot_product_attention` (XLA, the
+its parameters passed in as in training, gradients w.r.t. q, k, v) and the exact references: `jax.nn.dot_product_attention` (XLA, the
 ratio's denominator) and `impl="blockwise"`. Rounds alternate over the formulations (one call
 each per round, median over `--reps` rounds), all in this process on one core; `--clock cpu`
 (default) counts this process's CPU time only. Memory is XLA's plan for the compiled
@@ -56,20 +56,25 @@ def timed_members(causal: bool = False) -> list[str]:
 
 
 def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
-    """{name: jitted forward+backward (q, k, v) -> grads}; `members`: the family members to include (None: all);
-    `window`: also the sliding window of ±`window` keys on the blockwise kernel."""
+    """{name: (jitted forward+backward (q, k, v, params) -> grads w.r.t. q, k, v, its params)}; `members`: the
+    family members to include (None: all); `window`: also the sliding window of ±`window` keys on the
+    blockwise kernel.
+
+    A member's parameters are arguments of the jitted step, as in training, not constants: closed over,
+    entmax's α = 1.5 made XLA fold its `pow` into a square, a shortcut a learned α never gets.
+    """
     out = {
-        "xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
-        "blockwise": lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"),
+        "xla": (lambda q, k, v, _: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"), {}),
+        "blockwise": (lambda q, k, v, _: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"), {}),
     }
     if window is not None:
-        out[f"window ±{window} (blockwise)"] = lambda q, k, v: attention.dot_product_attention(
-            q, k, v, is_causal=causal, impl="blockwise", local_window_size=(window, window))
+        out[f"window ±{window} (blockwise)"] = (lambda q, k, v, _: attention.dot_product_attention(
+            q, k, v, is_causal=causal, impl="blockwise", local_window_size=(window, window)), {})
     if importlib.util.find_spec("tokamax") is not None:
         import tokamax
 
-        out["tokamax xla_chunked"] = lambda q, k, v: tokamax.dot_product_attention(
-            q, k, v, is_causal=causal, implementation="xla_chunked")
+        out["tokamax xla_chunked"] = (lambda q, k, v, _: tokamax.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="xla_chunked"), {})
     for name in timed_members(causal):
         if members is not None and name not in members:
             continue
@@ -79,14 +84,14 @@ def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
         # [H, N, N] logits at N = 16384 (8 GiB each) and the process was killed for memory
         params = jax.jit(module.init, static_argnames="is_causal")(jax.random.key(0), q, k, v, is_causal=causal)
         key_of = (lambda q, k: q) if spec.shared_qk else (lambda q, k: k)
-        out[name] = (lambda module, params, key_of: lambda q, k, v: module.apply(
-            params, q, key_of(q, k), v, is_causal=causal))(module, params, key_of)
-    grads = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2)))
-    return {name: grads(f) for name, f in out.items()}
+        out[name] = ((lambda module, key_of: lambda q, k, v, params: module.apply(
+            params, q, key_of(q, k), v, is_causal=causal))(module, key_of), params)
+    grads = lambda f: jax.jit(jax.grad(lambda q, k, v, p: jnp.sum(f(q, k, v, p) ** 2), argnums=(0, 1, 2)))
+    return {name: (grads(f), params) for name, (f, params) in out.items()}
 
 
-def planned_gib(step, q, k, v) -> float:
-    stats = step.lower(q, k, v).compile().memory_analysis()
+def planned_gib(step, params, q, k, v) -> float:
+    stats = step.lower(q, k, v, params).compile().memory_analysis()
     return (stats.temp_size_in_bytes + stats.output_size_in_bytes) / 2**30
 
 
@@ -99,15 +104,15 @@ def run(lengths, reps, clock, max_gib, members=None, window=None):
         q, k, v = (jax.random.normal(kk, (B, N, H, D), jnp.float32) for kk in keys)
         for causal in (False, True):
             steps = formulations(N, causal, q, k, v, members, window)
-            memory = {name: planned_gib(step, q, k, v) for name, step in steps.items()}
-            runnable = {name: step for name, step in steps.items() if memory[name] <= max_gib}
+            memory = {name: planned_gib(step, params, q, k, v) for name, (step, params) in steps.items()}
+            runnable = {name: spec for name, spec in steps.items() if memory[name] <= max_gib}
             times = {name: [] for name in runnable}
-            for name, step in runnable.items():  # warm-up (compile)
-                jax.block_until_ready(step(q, k, v))
+            for name, (step, params) in runnable.items():  # warm-up (compile)
+                jax.block_until_ready(step(q, k, v, params))
             for _ in range(reps):  # alternating rounds
-                for name, step in runnable.items():
+                for name, (step, params) in runnable.items():
                     start = now()
-                    jax.block_until_ready(step(q, k, v))
+                    jax.block_until_ready(step(q, k, v, params))
                     times[name].append((now() - start) * 1e3)
             ms = {name: statistics.median(t) for name, t in times.items()}
             ratio = lambda name, to: f"{ms[name] / ms[to]:.2f}" if name in ms and to in ms else ""
