@@ -67,18 +67,24 @@ def masked_loss(logits, targets, scored):
     return jnp.sum(losses * scored) / jnp.sum(scored)
 
 
-def fit(model: Encoder, params, next_batch, steps: int, learning_rate: float):
+def fit(model: Encoder, params, next_batch, steps: int, learning_rate: float, lr_scales: dict | None = None):
     """AdamW with linear warm-up (a tenth of `steps`) and cosine decay; `next_batch()` -> (tokens, targets, scored).
 
-    Returns the trained params, the loss of every step and this process's CPU seconds spent.
+    `lr_scales`: {parameter name: factor} multiplies the learning rate of every parameter so named
+    (e.g. {"E": 0.0, "F": 0.0} freezes Linformer's projections; AdamW moves every entry at about the
+    learning rate whatever its gradient's size). Returns the trained params, the loss of every step
+    and this process's CPU seconds spent.
     """
     optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, learning_rate, steps // 10, steps))
     opt_state = optimizer.init(params)
+    scales = lr_scales or {}
+    scale = lambda path, update: update * scales.get(getattr(path[-1], "key", None), 1.0)  # noqa: E731
 
     @jax.jit
     def step(params, opt_state, tokens, targets, scored):
         loss, grads = jax.value_and_grad(lambda p: masked_loss(model.apply(p, tokens), targets, scored))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
+        updates = jax.tree_util.tree_map_with_path(scale, updates)
         return optax.apply_updates(params, updates), opt_state, loss
 
     start, losses = time.process_time(), []

@@ -5,7 +5,8 @@
 
 Each row trains from the same seed, rows and masks, so rows can run as separate processes
 (`--projected_lengths` with no value: softmax alone; `--no-softmax`: the Linformer rows alone).
-`--projection_init pooling` starts E and F as window means (the identity at k = N) instead of noise.
+`--projection_init pooling` starts E and F as window means (the identity at k = N) instead of noise;
+`--projection_lr_scale` scales their learning rate (0 keeps them fixed: the paper's §4 pooling).
 
 Linformer (Wang et al. 2020, fig. 3) pretrains masked LMs at n = 512 and finds the validation
 perplexity of k = 128 close to full attention's. The same kind of test at this CPU's scale: the
@@ -89,7 +90,8 @@ def train_and_score(name: str, options: dict, streams: dict, args, vocab_size: i
     batch = lambda: mask_rows(data, train_rows(data, streams["train"], args.batch, args.length),  # noqa: E731
                               args.mask_rate, mask_id)
     params = jax.jit(model.init)(jax.random.key(args.seed), np.zeros((1, args.length), np.int32))
-    params, losses, seconds = fit(model, params, batch, args.steps, args.learning_rate)
+    scales = {} if name == "softmax" else {"E": args.projection_lr_scale, "F": args.projection_lr_scale}
+    params, losses, seconds = fit(model, params, batch, args.steps, args.learning_rate, scales)
     result = {"final_loss": final_loss(losses), "seconds": seconds}
     for split in EVAL_SPLITS:
         result[split] = evaluate(model, params, eval_batches(eval_rows(streams[split], args.length), args, mask_id))
@@ -111,6 +113,8 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--projection_init", default="uniform", choices=["uniform", "pooling"],
                         help="Linformer's E and F at the start: noise (the reference's) or window means (the identity at k = N)")
+    parser.add_argument("--projection_lr_scale", type=float, default=1.0,
+                        help="Linformer's E and F learn at this times the learning rate (0: fixed at their init)")
     parser.add_argument("--softmax", action=argparse.BooleanOptionalAction, default=True,
                         help="train the exact-softmax row (--no-softmax: only the Linformer rows, e.g. on another core)")
     args = parser.parse_args()
@@ -118,6 +122,8 @@ def main():
         raise ValueError(f"--mask_rate must be in (0, 1), got {args.mask_rate}")
     if not args.softmax and not args.projected_lengths:
         parser.error("--no-softmax with no --projected_lengths leaves nothing to train")
+    if args.projection_lr_scale < 0:
+        parser.error(f"--projection_lr_scale must be >= 0, got {args.projection_lr_scale}")
     other = "de" if args.language != "de" else "en"
     text = {split: load_multi30k(default_multi30k_dir(), split, other, args.language).tgt
             for split in ("train", *EVAL_SPLITS)}
@@ -126,7 +132,8 @@ def main():
     vocab_size = vocab.get_piece_size() + 1  # the last id is [MASK]
     settings = {"softmax": {}} if args.softmax else {}
     for k in args.projected_lengths:
-        name = f"linformer k = {k}" + ("" if args.projection_init == "uniform" else f", {args.projection_init} init")
+        name = (f"linformer k = {k}" + ("" if args.projection_init == "uniform" else f", {args.projection_init} init")
+                + ("" if args.projection_lr_scale == 1 else f", E/F lr × {args.projection_lr_scale:g}"))
         settings[name] = {**member_options("linformer", args.length), "projected_length": k,
                           "projection_init": args.projection_init}
     print(f"Masked LM on Multi30k {args.language}: N = {args.length}, vocabulary {vocab_size}, "

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from bench.encoder_task import Encoder, evaluate
+from bench.encoder_task import Encoder, evaluate, fit
 from bench.masked_lm import eval_rows, mask_rows, token_stream, train_rows
 from models.tokens import EOS_ID
 
@@ -66,3 +66,24 @@ def test_an_unknown_position_scheme_is_refused_by_name():
     with pytest.raises(ValueError, match="positions must be 'learned' or 'sinusoidal', got 'rotary'"):
         Encoder(vocab_size=5, length=4, attention_type="softmax", positions="rotary").init(
             jax.random.key(0), np.zeros((1, 4), np.int32))
+
+
+def test_lr_scales_freeze_or_slow_only_the_named_parameters():
+    """Scale 0 leaves E and F as initialised; 0.5 moves them half as far as 1 (AdamW's update is linear in the rate:
+    one update from the same gradients); every other parameter moves the same in all three runs."""
+    model = Encoder(vocab_size=7, length=6, attention_type="linformer",
+                    attention_options={"max_length": 6, "projected_length": 3})
+    rng = np.random.default_rng(0)
+    batch = (rng.integers(0, 7, (2, 6)).astype(np.int32), rng.integers(0, 7, (2, 6)).astype(np.int32),
+             np.ones((2, 6), bool))
+    params = model.init(jax.random.key(0), batch[0])
+    runs = {scale: fit(model, params, lambda: batch, 1, 1e-2, {"E": scale, "F": scale})[0] for scale in (0.0, 0.5, 1.0)}
+    start = params["params"]["attention_0"]
+    for name in ("E", "F"):
+        moved = {scale: np.asarray(run["params"]["attention_0"]["linformer"][name] - start["linformer"][name])
+                 for scale, run in runs.items()}
+        assert np.all(moved[0.0] == 0) and np.abs(moved[1.0]).max() > 1e-4
+        np.testing.assert_allclose(moved[0.5], 0.5 * moved[1.0], rtol=1e-5, atol=1e-9)
+    query = [np.asarray(run["params"]["attention_0"]["query"]["kernel"]) for run in runs.values()]
+    assert np.abs(query[0] - np.asarray(start["query"]["kernel"])).max() > 1e-4
+    np.testing.assert_array_equal(query[0], query[2])
