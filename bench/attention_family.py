@@ -3,13 +3,13 @@
     taskset -c 1 python -m bench.attention_family --lengths 1024 4096 --reps 3   # results/attention_family.md
 
 For each N and causal / not, every member's attention core (its module on q, k, v `[1, N, 8, 64]`,
-its parameters passed in as in training, gradients w.r.t. q, k, v) and the exact references: `jax.nn.dot_product_attention` (XLA, the
-ratio's denominator) and `impl="blockwise"`. Rounds alternate over the formulations (one call
-each per round, median over `--reps` rounds), all in this process on one core; `--clock cpu`
-(default) counts this process's CPU time only. Memory is XLA's plan for the compiled
-forward+backward (temporaries + outputs, `memory_analysis()`), not a measured peak; a formulation
-planned above `--max_gib` is compiled for its plan but not run (dense attention and entmax at
-N = 16384 plan 32 GiB), and its time ratios are then left blank. Members that
+its parameters passed in as in training, gradients w.r.t. q, k, v) and the exact references:
+`jax.nn.dot_product_attention` (XLA, the ratio's denominator) and `impl="blockwise"`. Rounds
+alternate over the formulations (one call each per round, median over `--reps` rounds), all in
+this process on one core; `--clock cpu` (default) counts this process's CPU time only. Memory is
+XLA's plan for the compiled forward+backward (temporaries + outputs, `memory_analysis()`), not a
+measured peak; a formulation planned above `--max_gib` is compiled for its plan but not run (dense
+attention and entmax at N = 16384 plan 32 GiB), and its time ratios are then left blank. Members that
 cannot be causal (linformer) are left out of the causal rows; MLA's core is exact attention
 (its gain is the cache, `attention.family.cache_elements_per_token`), so it is not timed here.
 `--members performer lsh` times only those members (beside the exact references, which always run).
@@ -56,16 +56,18 @@ def timed_members(causal: bool = False) -> list[str]:
 
 
 def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
-    """{name: (jitted forward+backward (q, k, v, params) -> grads w.r.t. q, k, v, its params)}; `members`: the
-    family members to include (None: all); `window`: also the sliding window of ±`window` keys on the
-    blockwise kernel.
+    """{name: (jitted forward+backward (q, k, v, params) -> grads w.r.t. q, k, v; the params to pass)};
+    `members`: the family members to include (None: all); `window`: also the sliding window of
+    ±`window` keys on the blockwise kernel.
 
     A member's parameters are arguments of the jitted step, as in training, not constants: closed over,
     entmax's α = 1.5 made XLA fold its `pow` into a square, a shortcut a learned α never gets.
     """
     out = {
-        "xla": (lambda q, k, v, _: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"), {}),
-        "blockwise": (lambda q, k, v, _: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"), {}),
+        "xla": (lambda q, k, v, _: jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation="xla"), {}),
+        "blockwise": (lambda q, k, v, _: attention.dot_product_attention(
+            q, k, v, is_causal=causal, impl="blockwise"), {}),
     }
     if window is not None:
         out[f"window ±{window} (blockwise)"] = (lambda q, k, v, _: attention.dot_product_attention(

@@ -112,7 +112,8 @@ def main():
     parser.add_argument("--eval_masks", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--projection_init", default="uniform", choices=["uniform", "pooling"],
-                        help="Linformer's E and F at the start: noise (the reference's) or window means (the identity at k = N)")
+                        help="Linformer's E and F at the start: noise (the reference's) or window means "
+                             "(the identity at k = N)")
     parser.add_argument("--projection_lr_scale", type=float, default=1.0,
                         help="Linformer's E and F learn at this times the learning rate (0: fixed at their init)")
     parser.add_argument("--softmax", action=argparse.BooleanOptionalAction, default=True,
