@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import ablation_dk, ablation_family, ablation_family_long, ablation_heads, ablation_kv
+from configs import ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_kv
 from training import config as config_lib
 from training.sweeps import store, sweep
 
@@ -164,6 +164,7 @@ class Vocab:
 @pytest.mark.parametrize("module, arg, spelled", [
     (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}), (ablation_kv, "kv=8", {"model.num_kv_heads": 8}),
     (ablation_family, "attention=softmax", {}),
+    (ablation_head_size, "shape=h8_dk32", {"model.head_dim": 32, "model.v_head_dim": 32}),
 ])
 def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled):
     # The reference seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE) must be the run they would train:
@@ -246,3 +247,17 @@ def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=60) == 128 + signal.SIGTERM
     assert (tmp_path / "terminated").read_text() == str(int(signal.SIGTERM))
+
+
+def test_head_size_shapes_cross_heads_and_width():
+    # h32_dk8 spells out rows A's h = 32 point; h32_dk16 and h8_dk8 let the attention width h * d_k leave d_model.
+    heads32 = flat(ablation_heads.get_config("h=32"))
+    h32_dk8 = flat(ablation_head_size.get_config("shape=h32_dk8"))
+    assert {k: v for k, v in h32_dk8.items() if heads32[k] != v} == {"model.head_dim": 8, "model.v_head_dim": 8}
+    for shape, (h, d) in {"h8_dk8": (8, 8), "h32_dk16": (32, 16)}.items():
+        model = ablation_head_size.get_config(f"shape={shape}").model
+        assert (model.num_heads, model.head_dim, model.v_head_dim, model.d_model) == (h, d, d, 256)
+    sweep.load_module(ROOT / "configs/ablation_head_size.py")  # a valid sweep config
+    for arg in ("shape=h16_dk16", "h=32", "shape="):
+        with pytest.raises(ValueError, match="shape="):
+            ablation_head_size.get_config(arg)

@@ -1,0 +1,39 @@
+"""Head count against head size on the Table 3 preset (configs/table3_preset.py).
+
+Rows A change two things at once: at d_model 256, h = 32 also means heads of d_k = d_v = 8 (the
+paper's h = 32 has 16). This sweep crosses the two at h in {8, 32} and d_k = d_v in {8, 32 or 16},
+letting the attention width h * d_k differ from d_model (the output projection maps it back):
+
+    shape        h    d_k = d_v   width   same run as
+    h8_dk32      8    32          256     rows A's h = 8 (the reference)
+    h8_dk8       8    8           64      -
+    h32_dk8      32   8           256     rows A's h = 32
+    h32_dk16     32   16          512     -
+
+h8_dk8 against h32_dk8 is "more heads" at a fixed head size; h8_dk8 against h8_dk32 is "smaller
+heads" at a fixed count; h32_dk16 against h32_dk8 is the paper's head size at h = 32.
+
+    python train.py --config configs/ablation_head_size.py:shape=h32_dk16 --workdir runs/h32_dk16
+    python sweep.py --config configs/ablation_head_size.py --workdir runs/head_size --seeds 3
+"""
+
+from configs import default, table3_preset
+
+SWEEP_NAME = "head_size"
+SWEEP_KEY = "shape"
+SWEEP_TEST_SPLIT = "test_2016_flickr"
+SHAPES = {"h8_dk32": (8, 32), "h8_dk8": (8, 8), "h32_dk8": (32, 8), "h32_dk16": (32, 16)}  # (heads, d_k = d_v)
+SWEEP_VALUES = tuple(SHAPES)
+SWEEP_REFERENCE = "h8_dk32"
+SWEEP_SHARED_REFERENCE = ("heads", 8)  # h8_dk32 is rows A's h = 8, config for config: its seeds are copied
+
+
+def get_config(arg: str | None = None):
+    key, _, value = (arg or f"{SWEEP_KEY}={SWEEP_REFERENCE}").partition("=")
+    if key != SWEEP_KEY or value not in SHAPES:
+        raise ValueError(f"configs/ablation_head_size.py takes {SWEEP_KEY}=<one of {tuple(SHAPES)}>, got {arg!r}")
+    heads, width = SHAPES[value]
+    config = table3_preset.apply(default.get_config(f"h={heads}"))
+    config.model.head_dim = width
+    config.model.v_head_dim = width
+    return config
