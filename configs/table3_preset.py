@@ -1,12 +1,12 @@
 """The one training preset shared by the Table 3 sweeps (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py).
 
 Every point of every sweep trains with these sizes, steps and schedule, so the swept field (and the
-seed) is the only difference between points. The step count is chosen by measurement (issue 13
-item 1; the evidence is in results/heads.md, "Plateau"): at h = 8 the dev loss has flattened (the
-last 20 % of steps improve dev perplexity by less than 2 %) and h = 4 and h = 8 reach 36 test
-sacreBLEU. The learning rate decays to zero at the last step (cosine), so a run of this length ends
-annealed; batches of 1024 slots a side give twice the updates per second of compute of 2048
-(results/README.md: 34.64 against 29.33 test BLEU after 25 min on one core).
+seed) is the only difference between points. The step count is chosen by measurement (the evidence
+is in results/plateau/README.md and results/heads.md, "Dev curves"): at h = 8 the dev loss has
+flattened (the last 20 % of steps improve dev perplexity by less than 2 %) and h = 4 and h = 8
+reach 36 test sacreBLEU. The learning rate decays to zero at the last step (cosine), so a run of
+this length ends annealed; batches of 1024 slots a side give twice the updates per second of
+compute of 2048, which trained better in a fixed time (results/small_25min/README.md).
 """
 
 D_MODEL = 256  # d_model of every point: rows A split it over h heads, rows B fix d_v = D_MODEL / 8
@@ -20,11 +20,11 @@ def apply(config):
     config.model.mlp_dim = 1024
     set_steps(config, NUM_TRAIN_STEPS)
     # pinned, not 'auto': every point computes in one dtype whichever machine runs it (on CPUs
-    # without native bf16 it runs at the float32 rate; results/small_25min: 36.89 BLEU in bf16)
+    # without native bf16 it runs at the float32 rate; where native: results/small_25min/README.md)
     config.model.dtype = "bfloat16"
     # pinned, not 'auto' (which picks them only on CPUs with native bf16): bf16 operands, float32
-    # products and elementwise work on every machine. On a Zen 3 without native bf16, 'xla' matmuls
-    # (bf16 products) ran a step 1.7x slower and strayed 5x further from the Xeon's first 50 steps
+    # products and elementwise work on every machine. On a CPU without native bf16, 'xla' matmuls
+    # (bf16 products) ran slower and strayed further from the other machines' training
     # (results/plateau/README.md, "Across machines")
     config.model.matmul = "row_major"
     config.data.token_budget = 1024
