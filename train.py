@@ -13,6 +13,8 @@ from training.run.loop import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: config.json, checkpoints, metrics, vocabulary")
+flags.DEFINE_bool("restart", False, "start the run afresh: what --workdir holds (but its lock) is moved to "
+                  "WORKDIR/previous/TIME/ first, nothing deleted; without it a workdir's run is resumed or refused")
 flags.DEFINE_bool("verbose", False, "also log every parameter's sharding and the libraries' INFO messages (orbax, JAX); so does -v 1")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -23,7 +25,7 @@ def main(argv):
     logs.configure(verbose=verbose, main_process=True)  # before JAX starts its backends, which log at INFO
     distributed.initialize(flags.FLAGS.config.distributed)  # before anything else touches JAX's devices
     logs.configure(verbose=verbose, main_process=jax.process_index() == 0)
-    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, restart=flags.FLAGS.restart)
 
 
 if __name__ == "__main__":
