@@ -3,6 +3,9 @@
 Multi-host: every process runs this same command (see docs/distributed.md).
 """
 
+import sys
+from pathlib import Path
+
 import jax
 from absl import app, flags
 from ml_collections import config_flags
@@ -28,5 +31,13 @@ def main(argv):
     train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, restart=flags.FLAGS.restart)
 
 
+def check_config_path(argv) -> None:
+    """FileNotFoundError naming --config's file if it does not exist (ml_collections' own error is a paragraph)."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+        if value is not None and not Path(value.split(":", 1)[0]).is_file():
+            raise FileNotFoundError(f"--config {value.split(':', 1)[0]}: no such config file")
+
+
 if __name__ == "__main__":
-    errors.run_reporting_user_errors("train.py", lambda: app.run(main))
+    errors.run_reporting_user_errors("train.py", lambda: (check_config_path(sys.argv[1:]), app.run(main)))

@@ -251,8 +251,11 @@ def check_history(workdir: Path) -> None:
     evidence = ([f"metrics.jsonl to step {max(logged)}"] if logged else []) + \
         [f"best/ step {s}" for s in _steps_in(workdir / "best")] + [f"checkpoints/{name}/" for name in sorted(aside)]
     if evidence and not _steps_in(workdir / "checkpoints"):
-        raise RunRefused(
-            f"{workdir} holds a run ({', '.join(evidence)}) but no checkpoint in {workdir / 'checkpoints'} to resume from: "
+        what = (f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run" if not (workdir / "checkpoints").is_dir()
+                else f"{workdir} holds a run")
+        refused = FileNotFoundError if not (workdir / "checkpoints").is_dir() else RunRefused
+        raise refused(
+            f"{what} ({', '.join(evidence)}) but no checkpoint in {workdir / 'checkpoints'} to resume from: "
             f"restore them to resume, pass --restart to start over (the old run is moved to {workdir / PREVIOUS}/), "
             "or use a new --workdir")
 

@@ -7,6 +7,7 @@ The fast tests work on tiny states and configs; the end-to-end ones (tiny model,
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -224,10 +225,12 @@ def run_cli(script, *flags, **kwargs):
 
 
 def one_line_error(result) -> str:
+    """The error line of a refused command: its last on stderr, after log lines only (no traceback, nothing else)."""
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr[-2000:]
-    return lines[0]
+    assert ": error: " in lines[-1], result.stderr[-2000:]
+    assert all(re.match(r"[IWE]\d{4} ", line) for line in lines[:-1]), result.stderr[-2000:]  # absl's log lines
+    return lines[-1]
 
 
 def test_train_py_names_a_missing_config_file_and_a_file_workdir_in_one_line(tmp_path):
