@@ -395,3 +395,42 @@ def test_sigterm_during_a_dev_evaluation_stops_within_seconds_and_the_resume_red
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     dev_steps = [r["step"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" in r]
     assert dev_steps == [2, 4]  # the interrupted evaluation was redone
+
+
+def test_analyze_refuses_an_unwritable_workdir_before_loading(tmp_path, monkeypatch):
+    import analyze
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real(path, mode))
+    with pytest.raises(ValueError, match=f"--workdir {tmp_path}: {tmp_path} is not writable; analyze.py writes to WORKDIR/analysis/"):
+        analyze.main(["roles", f"--workdir={tmp_path}"])  # an empty folder: loading it would fail differently
+
+
+@pytest.mark.slow
+def test_analyze_writes_only_its_analysis_folder_and_says_which_step(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    corrupt_largest_file(workdir / "best" / str(steps(workdir / "best")[0]))  # falls back to checkpoints/20, touching neither
+    before = tree(workdir)
+    result = run_cli("analyze.py", "roles", f"--workdir={workdir}", "--examples=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"step 20 ({(workdir / 'checkpoints' / '20').absolute()})" in result.stderr
+    after = {k: v for k, v in tree(workdir).items() if not k.startswith("analysis")}
+    assert after == before and (workdir / "analysis" / "roles.csv").exists()
+
+
+def test_a_reader_waits_for_a_best_being_replaced_instead_of_taking_the_latest(tmp_path):
+    import threading
+
+    writer = checkpoints.Checkpoints(tmp_path, keep=3)
+    writer.save_if_best(1, state(1), dev_loss=2.0)
+    writer.save(3, state(3))
+    corrupt_largest_file(tmp_path / "best" / "1")  # read while being replaced: unreadable for a moment
+    replace = threading.Timer(0.3, lambda: writer.save_if_best(2, state(2), dev_loss=1.0))
+    replace.start()
+    reader = checkpoints.Checkpoints(tmp_path, keep=3, read_only=True)
+    restored, step, folder = reader.restore_for_eval(jax.eval_shape(lambda: state(0)))
+    replace.join()
+    reader.close()
+    writer.close()
+    assert (step, folder) == (2, tmp_path / "best")  # the new best, not checkpoints/3
+    np.testing.assert_array_equal(restored["w"], state(2)["w"])
