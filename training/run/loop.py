@@ -302,7 +302,7 @@ def _diverged(what: str, ckpts, insane: int | None = None) -> NonFiniteLoss:
     if insane is not None and insane in ckpts.latest.all_steps():
         ckpts.move_aside([insane], checkpoints.DIVERGED)
     steps = ckpts.latest.all_steps()
-    where = (f"the last good checkpoint (sane loss) is step {max(steps)} in {ckpts.latest.directory}" if steps
+    where = (f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory} (its loss was sane)" if steps
              else "no checkpoint has been saved, so a resume starts from scratch")
     return NonFiniteLoss(f"{what}; stopping without saving: {where}")
 
