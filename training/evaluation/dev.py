@@ -20,13 +20,21 @@ def eval_step_fn(model):
     return jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
 
 
-def dev_loss(params, batches, eval_step, stop=None) -> float | None:
-    """Mean per-token NLL over fixed-shape batches; None if `stop()` (checked between batches) turns true."""
-    sums = []
-    for b in batches:
+class Stopped(Exception):
+    """A stop signal came between two evaluation batches."""
+
+
+def until_stopped(batches, stop):
+    """`batches`, raising Stopped before the next one once `stop()` is true (None: never)."""
+    for batch in batches:
         if stop is not None and stop():
-            return None
-        sums.append(eval_step(params, b))
+            raise Stopped
+        yield batch
+
+
+def dev_loss(params, batches, eval_step) -> float:
+    """Mean per-token NLL over fixed-shape batches."""
+    sums = [eval_step(params, b) for b in batches]
     return sum(float(s["nll_sum"]) for s in sums) / sum(float(s["tokens"]) for s in sums)
 
 
@@ -41,23 +49,22 @@ def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step, sto
     stop: checked between batches (loss and translation), so a SIGTERM waits for one batch, not the
     whole evaluation; None is returned if it turns true.
     """
-    nll = dev_loss(params, batches, eval_step, stop)
-    if nll is None:
+    try:
+        nll = dev_loss(params, until_stopped(batches, stop), eval_step)
+        n = config.eval.bleu_examples or len(dev)
+        src = vocab.encode(list(dev.src[:n]))
+        # translate's own grouping (by length, ROWS a batch), one call a batch so that a stop can come in between
+        order = sorted(range(n), key=lambda i: len(src[i][: model.config.max_len]))
+        chunks = [order[start : start + ROWS] for start in range(0, n, ROWS)]
+        hyps = [None] * n
+        for chunk in until_stopped(chunks, stop):
+            out = translate.translate(
+                model, params, [src[i] for i in chunk], beam_size=1, alpha=config.eval.alpha,
+                max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths, rows=ROWS,
+            )
+            for i, ids in zip(chunk, out):
+                hyps[i] = ids
+    except Stopped:
         return None
-    n = config.eval.bleu_examples or len(dev)
-    src = vocab.encode(list(dev.src[:n]))
-    # translate's own grouping (by length, ROWS a batch), one call a batch so that a stop can come in between
-    order = sorted(range(n), key=lambda i: len(src[i][: model.config.max_len]))
-    hyps = [None] * n
-    for start in range(0, n, ROWS):
-        if stop is not None and stop():
-            return None
-        chunk = order[start : start + ROWS]
-        out = translate.translate(
-            model, params, [src[i] for i in chunk], beam_size=1, alpha=config.eval.alpha,
-            max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths, rows=ROWS,
-        )
-        for i, ids in zip(chunk, out):
-            hyps[i] = ids
     bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])
     return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": perplexity(nll), "bleu": bleu, "bleu_examples": n}

@@ -243,16 +243,17 @@ def test_train_py_names_a_missing_config_file_and_a_file_workdir_in_one_line(tmp
 
 # ---- SIGTERM during a dev evaluation: stop between batches
 
-def test_dev_loss_stops_between_batches():
+def test_a_stop_comes_in_between_evaluation_batches():
     calls = []
 
     def eval_step(params, batch):
         calls.append(batch)
         return {"nll_sum": 1.0, "tokens": 1.0}
 
-    assert dev_lib.dev_loss(None, range(5), eval_step, stop=lambda: len(calls) == 2) is None
+    with pytest.raises(dev_lib.Stopped):
+        dev_lib.dev_loss(None, dev_lib.until_stopped(range(5), stop=lambda: len(calls) == 2), eval_step)
     assert len(calls) == 2  # the third batch never ran
-    assert dev_lib.dev_loss(None, range(5), eval_step) == 1.0
+    assert dev_lib.dev_loss(None, dev_lib.until_stopped(range(5), None), eval_step) == 1.0
 
 
 # ---- end to end on a tiny model
