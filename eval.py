@@ -38,6 +38,8 @@ def main(argv):
     f = flags.FLAGS
     if (f.input is None) != (f.output is None):
         raise app.UsageError("--input and --output go together")
+    if not Path(f.workdir).is_dir():
+        raise FileNotFoundError(f"--workdir {f.workdir} is not a directory: is it a train.py workdir?")
     if f.input:
         check_writable(Path(f.output), "--output")
     else:
