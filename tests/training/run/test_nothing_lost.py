@@ -19,9 +19,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from test_checkpoints import corrupt_largest_file, state
 from test_loop import tiny_config
+
 from training import config as config_lib
 from training.evaluation import dev as dev_lib
 from training.run import checkpoints, compile_cache, errors, loop
@@ -65,7 +65,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_its_step_saved_again(tmp
     ckpts.close()
     corrupt_largest_file(tmp_path / "checkpoints" / "2")
     ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
-    restored, step = ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
+    _, step = ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
     assert step == 1 and steps(tmp_path / "checkpoints" / "damaged") == [2]
     ckpts.save(2, state(2))
     assert ckpts.latest.all_steps() == [1, 2]
@@ -297,7 +297,7 @@ def test_a_run_without_an_intact_checkpoint_is_refused_until_restart_which_keeps
         for child in (workdir / "checkpoints").iterdir():
             shutil.rmtree(child)
     metrics = (workdir / "metrics.jsonl").read_text()
-    for attempt in range(2):  # refused, and refused again: never a silent restart from step 0
+    for _ in range(2):  # refused, and refused again: never a silent restart from step 0
         line = one_line_error(run_cli("train.py", *tiny_flags(), f"--workdir={workdir}"))
         assert "--restart" in line and ("damaged" in line if damage == "every checkpoint" else "no checkpoint" in line)
         assert (workdir / "metrics.jsonl").read_text() == metrics  # the history is not cut
