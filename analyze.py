@@ -1,4 +1,4 @@
-"""Look inside the heads of a trained workdir; every output goes to WORKDIR/analysis/.
+"""Look inside the heads of a trained workdir; every output goes to WORKDIR/analysis/ (the rest is only read).
 
     python analyze.py maps --workdir runs/default --sentence "Ein Hund läuft im Schnee."
     python analyze.py maps --workdir runs/default --split val --index 3
@@ -10,6 +10,9 @@
 
 import argparse
 import logging
+import os
+import sys
+from pathlib import Path
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
 from training.run import errors
@@ -54,7 +57,12 @@ def main(argv=None):
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    out_parent = next(p for p in (Path(args.workdir) / "analysis", Path(args.workdir)) if p.exists()) \
+        if Path(args.workdir).exists() else Path(args.workdir)
+    if Path(args.workdir).exists() and not os.access(out_parent, os.W_OK | os.X_OK):  # up front, not after the work
+        raise ValueError(f"--workdir {args.workdir}: {out_parent} is not writable; analyze.py writes to WORKDIR/analysis/")
     run = workdir.load(args.workdir)
+    print(f"analyze.py: step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
     out = run.out_dir
     if args.command == "maps":
         if args.sentence:

@@ -1,24 +1,35 @@
-"""Evaluate or use a trained model.
+"""Evaluate or use a trained model; it reads the workdir and writes only the translations.
 
-    python eval.py --workdir runs/default [--split test_2016_flickr] [--beam_size 4]
+    python eval.py --workdir runs/default [--split test_2016_flickr] [--beam_size 4] [--hypotheses PATH]
     python eval.py --workdir runs/default --input sentences.de --output sentences.en
 """
 
 import json
+import os
+import sys
 from pathlib import Path
 
 from absl import app, flags, logging
 
 from training import config as config_lib
 from training.evaluation import evaluate
+from training.evaluation.loaded import load_run
 from training.run import compile_cache, errors
 
-flags.DEFINE_string("workdir", None, "a train.py workdir")
+flags.DEFINE_string("workdir", None, "a train.py workdir (only read)")
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")
 flags.DEFINE_integer("beam_size", 4, "beam size (1 = greedy)")
+flags.DEFINE_string("hypotheses", None, "where to write the split's translations (default WORKDIR/hypotheses.SPLIT.beamK.txt)")
 flags.DEFINE_string("input", None, "translate this text file (one sentence per line) instead")
 flags.DEFINE_string("output", None, "where to write the translations of --input")
 flags.mark_flag_as_required("workdir")
+
+
+def check_writable(path: Path, flag: str, hint: str = "") -> None:
+    """ValueError up front (before minutes of decoding) unless `path` can be written."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path} cannot be written ({folder} is not a writable directory){hint}")
 
 
 def main(argv):
@@ -27,15 +38,24 @@ def main(argv):
     f = flags.FLAGS
     if (f.input is None) != (f.output is None):
         raise app.UsageError("--input and --output go together")
-    saved = Path(f.workdir) / "config.json"
-    if saved.exists():  # else evaluate's own check names what is missing
-        compile_cache.enable(config_lib.load_saved(saved).compilation_cache_dir)
+    if not Path(f.workdir).is_dir():
+        raise FileNotFoundError(f"--workdir {f.workdir} is not a directory: is it a train.py workdir?")
     if f.input:
-        n = evaluate.translate_file(f.workdir, f.input, f.output, f.beam_size)
-        print(f"translated {n} lines of {f.input} into {f.output}")
+        check_writable(Path(f.output), "--output")
+    else:
+        hypotheses = Path(f.hypotheses) if f.hypotheses else evaluate.hypotheses_path(f.workdir, f.split, f.beam_size)
+        check_writable(hypotheses, "--hypotheses", "" if f.hypotheses else ": pass --hypotheses PATH to write them elsewhere")
+    saved = Path(f.workdir) / "config.json"
+    if saved.exists():  # else load_run's own check names what is missing
+        compile_cache.enable(config_lib.load_saved(saved).compilation_cache_dir)
+    run = load_run(f.workdir)
+    print(f"eval.py: scoring step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
+    if f.input:
+        n = evaluate.translate_file(f.workdir, f.input, f.output, f.beam_size, run=run)
+        print(f"translated {n} lines of {f.input} into {f.output} with step {run.step} ({run.checkpoint})")
         return
-    result = evaluate.evaluate_split(f.workdir, f.split, f.beam_size)
-    print(json.dumps(result, indent=2))
+    # the score is printed before the translations are written
+    evaluate.score_split(run, f.split, f.beam_size, f.workdir, hypotheses, report=lambda r: print(json.dumps(r, indent=2), flush=True))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 Multi-host: every process runs this same command (see docs/distributed.md).
 """
 
+import sys
+from pathlib import Path
+
 import jax
 from absl import app, flags
 from ml_collections import config_flags
@@ -13,6 +16,8 @@ from training.run.loop import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: config.json, checkpoints, metrics, vocabulary")
+flags.DEFINE_bool("restart", False, "start the run afresh: what --workdir holds (but its lock) is moved to "
+                  "WORKDIR/previous/TIME/ first, nothing deleted; without it a workdir's run is resumed or refused")
 flags.DEFINE_bool("verbose", False, "also log every parameter's sharding and the libraries' INFO messages (orbax, JAX); so does -v 1")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -23,8 +28,16 @@ def main(argv):
     logs.configure(verbose=verbose, main_process=True)  # before JAX starts its backends, which log at INFO
     distributed.initialize(flags.FLAGS.config.distributed)  # before anything else touches JAX's devices
     logs.configure(verbose=verbose, main_process=jax.process_index() == 0)
-    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, restart=flags.FLAGS.restart)
+
+
+def check_config_path(argv) -> None:
+    """FileNotFoundError naming --config's file if it does not exist (ml_collections' own error is a paragraph)."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+        if value is not None and not Path(value.split(":", 1)[0]).is_file():
+            raise FileNotFoundError(f"--config {value.split(':', 1)[0]}: no such config file")
 
 
 if __name__ == "__main__":
-    errors.run_reporting_user_errors("train.py", lambda: app.run(main))
+    errors.run_reporting_user_errors("train.py", lambda: (check_config_path(sys.argv[1:]), app.run(main)))

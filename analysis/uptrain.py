@@ -86,7 +86,7 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     workdir, out_dir = Path(workdir), Path(out_dir)
     loaded = load_run(workdir)
     config, vocab, model = loaded.config, loaded.vocab, loaded.model
-    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints, read_only=True)  # the source run is only read
     state, start = ckpts.restore_latest(step_lib.abstract_state(model, config))
     ckpts.close()
     geometry = model.config.geometry
@@ -133,7 +133,7 @@ def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_si
         model, params, src_ids, run.config.data.bucket_lengths, beam_sizes=(1,),
         max_extra_length=run.config.eval.max_extra_length)["decode_tokens_per_s_beam1"]}
     config, vocab = run.config, run.vocab
-    ckpts = checkpoints.Checkpoints(run.workdir, config.keep_checkpoints)
+    ckpts = checkpoints.Checkpoints(run.workdir, config.keep_checkpoints, read_only=True)
     mha_state, mha_step = ckpts.restore_latest(step_lib.abstract_state(run.model, config))
     ckpts.close()
     heads = run.model.config.num_heads

@@ -22,6 +22,7 @@ class Run:
     params: Any
     step: int
     workdir: Path
+    checkpoint: Path | None = None  # the folder of the step loaded
 
     @property
     def out_dir(self) -> Path:
@@ -33,7 +34,7 @@ class Run:
 def load(workdir: str | Path) -> Run:
     """The workdir's best checkpoint (else its latest), as `eval.py` loads it."""
     loaded = load_run(workdir)
-    return Run(loaded.config, loaded.vocab, loaded.model, loaded.params, loaded.step, workdir=Path(workdir))
+    return Run(loaded.config, loaded.vocab, loaded.model, loaded.params, loaded.step, workdir=Path(workdir), checkpoint=loaded.checkpoint)
 
 
 def dev_subset(config, split: str, size: int, start: int = 0) -> Corpus:

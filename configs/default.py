@@ -20,6 +20,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.max_train_seconds = 0.0  # wall-clock budget of one invocation (0: none); then evaluate, save, stop
     config.compilation_cache_dir = "auto"  # JAX's persistent cache: 'auto' ($XDG_CACHE_HOME or ~/.cache)/headcount/jax, '' none, or a path
     config.keep_checkpoints = 3  # latest checkpoints kept (the best by dev loss is kept apart)
+    config.divergence_factor = 10.0  # stop when a step's loss > this x the lowest running train loss (0: only non-finite)
 
     config.data = ml_collections.ConfigDict()
     config.data.dataset = "multi30k"  # 'multi30k' or a tfds name such as 'wmt14_translate/de-en'

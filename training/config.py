@@ -36,6 +36,7 @@ ADDED_FIELDS = {
     "model.attention_type": "softmax",
     "model.attention_options": "",
     "data.pack_length": 0,
+    "divergence_factor": 10.0,  # read by the loop only: no saved state depends on it
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
@@ -61,8 +62,14 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def load_saved(path: Path) -> ml_collections.ConfigDict:
-    """A workdir's config.json, completed with the fields added since it was written."""
-    return complete(ml_collections.ConfigDict(json.loads(Path(path).read_text())))
+    """A workdir's config.json, completed with the fields added since it was written (ValueError naming a torn one)."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a whole JSON config ({error}); restore it, or start a new --workdir") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} holds {type(saved).__name__}, not a JSON config object")
+    return complete(ml_collections.ConfigDict(saved))
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -70,6 +77,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _require("model.dtype", config.model.dtype, config.model.dtype in DTYPE_SETTINGS, f"one of {DTYPE_SETTINGS}")
     _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
     _require("optimizer.schedule", config.optimizer.schedule, config.optimizer.schedule in step_lib.SCHEDULES, f"one of {step_lib.SCHEDULES}")
+    _check_knobs(config)
     try:  # the model's own checks, reported under the config's field names
         _model_fields(config, config.data.vocab_size)
     except ValueError as error:
@@ -173,6 +181,55 @@ def _option_value(text):
 def build_model(config: ml_collections.ConfigDict, vocab, dtype: str | None = None) -> Transformer:
     """The model a run's config describes, sized to the vocabulary it trained (or loaded); dtype as `model_config`'s."""
     return Transformer(model_config(config, vocab.vocab_size(), dtype))
+
+
+def check_max_len(config: ml_collections.ConfigDict) -> None:
+    """A training run's rows fit the model: `model.max_len` >= the packed row length, else the largest bucket.
+
+    Not part of `validate`: a config used with hand-made batches (tests, analyses) may hold a shorter max_len.
+    """
+    pack = config.data.get("pack_length", 0)
+    longest = pack or max(config.data.bucket_lengths)
+    _require("model.max_len", config.model.max_len, isinstance(config.model.max_len, int) and config.model.max_len >= longest,
+             f"an int >= {longest}, the longest training row ({'data.pack_length' if pack else 'the largest data.bucket_lengths'})")
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_knobs(config: ml_collections.ConfigDict) -> None:
+    """The optimizer, data and eval numbers a run would otherwise accept and misuse (train uphill, at rate 0, ...)."""
+    opt = config.optimizer
+    _require("optimizer.learning_rate", opt.learning_rate, _positive(opt.learning_rate), "a number > 0 (the schedule's peak)")
+    # rsqrt divides by the warm-up (0: a rate of 0 all run); cosine ramps over it (0: straight to the peak)
+    least = 1 if opt.schedule == "rsqrt" else 0
+    _require("optimizer.warmup_steps", opt.warmup_steps, _count(opt.warmup_steps) and opt.warmup_steps >= least,
+             f"an int >= {least}" + (" (the rsqrt schedule divides by it)" if least else ""))
+    for field in ("b1", "b2"):
+        _require(f"optimizer.{field}", opt[field], isinstance(opt[field], (int, float)) and 0 <= opt[field] < 1, "in [0, 1)")
+    _require("optimizer.eps", opt.eps, isinstance(opt.eps, (int, float)) and opt.eps >= 0, ">= 0")
+    _require("optimizer.label_smoothing", opt.label_smoothing,
+             isinstance(opt.label_smoothing, (int, float)) and 0 <= opt.label_smoothing < 1, "in [0, 1)")
+    _require("optimizer.grad_clip_norm", opt.grad_clip_norm, isinstance(opt.grad_clip_norm, (int, float)) and opt.grad_clip_norm >= 0,
+             ">= 0 (0: no clipping)")
+    _require("data.train_limit", config.data.train_limit, _count(config.data.train_limit), "an int >= 0 (0: all pairs)")
+    _require("data.vocab_size", config.data.vocab_size, isinstance(config.data.vocab_size, int) and config.data.vocab_size >= 8,
+             "an int >= 8 (pad, eos, bos, unk and some pieces)")
+    _require("data.token_budget", config.data.token_budget, _count(config.data.token_budget) and config.data.token_budget > 0,
+             "a positive int")
+    pack = config.data.get("pack_length", 0)
+    _require("data.pack_length", pack, _count(pack), "an int >= 0 (0: buckets)")
+    _require("eval.bleu_examples", config.eval.bleu_examples, _count(config.eval.bleu_examples), "an int >= 0 (0: the whole dev split)")
+    _require("eval.max_extra_length", config.eval.max_extra_length, _count(config.eval.max_extra_length), "an int >= 0")
+    _require("eval.alpha", config.eval.alpha, isinstance(config.eval.alpha, (int, float)) and config.eval.alpha >= 0, ">= 0")
+    factor = config.get("divergence_factor", 0.0)
+    _require("divergence_factor", factor, isinstance(factor, (int, float)) and (factor == 0 or factor > 1),
+             "0 (stop on a non-finite loss only) or a number > 1")
 
 
 def _require(field, value, ok, expected):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -17,24 +18,37 @@ from training.evaluation import dev, translate
 from training.evaluation.loaded import LoadedRun, load_run
 
 
-def evaluate_split(workdir: str | Path, split: str, beam_size: int) -> dict:
-    """Perplexity and beam-search sacreBLEU on `split`; hypotheses go to the workdir."""
+def hypotheses_path(workdir: str | Path, split: str, beam_size: int) -> Path:
+    """Where `score_split` writes a split's translations by default: WORKDIR/hypotheses.SPLIT.beamK.txt."""
+    return Path(workdir) / f"hypotheses.{split}.beam{beam_size}.txt"
+
+
+def evaluate_split(workdir: str | Path, split: str, beam_size: int, hypotheses: str | Path | None = None, report=None) -> dict:
+    """Perplexity and beam-search sacreBLEU on `split` of the workdir's best (else latest) checkpoint, as `score_split`."""
     run = load_run(workdir)
-    return {"step": run.step, **score_split(run, split, beam_size, workdir)}
+    return score_split(run, split, beam_size, workdir, hypotheses, report)
 
 
-def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path) -> dict:
-    """Perplexity and sacreBLEU of a loaded run on `split`; writes WORKDIR/hypotheses.SPLIT.beamK.txt."""
+def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path, hypotheses: str | Path | None = None,
+                report=None) -> dict:
+    """Perplexity and sacreBLEU of a loaded run on `split` (and the step and checkpoint scored).
+
+    The translations go to `hypotheses` (default `hypotheses_path`) after `report(result)` has been
+    given the score, so an unwritable path loses no score.
+    """
     corpus = load_corpus(run.config, split)
     nll = dev.dev_loss(run.params, dev_batches(run.config, run.vocab, corpus), dev.eval_step_fn(run.model))
     hyps = run.vocab.decode(_translate(run, run.vocab.encode(list(corpus.src)), beam_size))
-    out_path = Path(workdir) / f"hypotheses.{split}.beam{beam_size}.txt"
-    out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    out_path = Path(hypotheses) if hypotheses else hypotheses_path(workdir, split, beam_size)
     bleu, signature = translate.corpus_bleu(hyps, corpus.tgt)
-    return {
-        "split": split, "beam_size": beam_size, "loss": nll, "perplexity": dev.perplexity(nll),
-        "bleu": bleu, "signature": signature, "hypotheses": str(out_path),
+    result = {
+        "step": run.step, "checkpoint": str(run.checkpoint), "split": split, "beam_size": beam_size, "loss": nll,
+        "perplexity": dev.perplexity(nll), "bleu": bleu, "signature": signature, "hypotheses": str(out_path),
     }
+    if report is not None:
+        report(result)
+    out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return result
 
 
 SPEED_EXTRA_LENGTH = 50  # decoding_speed's output cap, source bucket + this: the sweep tables' measure
@@ -72,17 +86,27 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     return result
 
 
-def translate_file(workdir: str | Path, input_path: str | Path, output_path: str | Path, beam_size: int) -> int:
-    """Translate a UTF-8 file line by line (blank lines stay blank); returns the number of lines."""
+def translate_file(workdir: str | Path, input_path: str | Path, output_path: str | Path, beam_size: int,
+                   run: LoadedRun | None = None) -> int:
+    """Translate a UTF-8 file line by line (blank lines stay blank); returns the number of lines.
+
+    run: the workdir already loaded (else it is loaded here). Lines longer than the model's max_len are
+    cut to it, and a warning says how many and which.
+    """
     raw = Path(input_path).read_bytes()
     try:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise ValueError(f"{input_path} is not UTF-8 (line {line}: {error.reason})") from None
-    run = load_run(workdir)
+    run = run or load_run(workdir)
     filled = [i for i, line in enumerate(lines) if line.strip()]
-    hyps = run.vocab.decode(_translate(run, run.vocab.encode([lines[i].strip() for i in filled]), beam_size)) if filled else []
+    src_ids = run.vocab.encode([lines[i].strip() for i in filled])
+    limit = run.model.config.max_len
+    if cut := [filled[k] + 1 for k, ids in enumerate(src_ids) if len(ids) > limit]:
+        logging.warning("%d of %d lines of %s are longer than the model's max_len (%d tokens) and were cut to it: line %s",
+                        len(cut), len(lines), input_path, limit, ", ".join(map(str, cut[:10])) + (" ..." if len(cut) > 10 else ""))
+    hyps = run.vocab.decode(_translate(run, src_ids, beam_size)) if filled else []
     out = [""] * len(lines)
     for i, hyp in zip(filled, hyps):
         out[i] = hyp

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,23 @@ from training.run import checkpoints, compile_cache, precision, step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class LoadedRun:
-    """What eval.py, sweeps and analyses work on; `step` is the checkpoint's step."""
+    """What eval.py, sweeps and analyses work on; `step` is the checkpoint's step, `checkpoint` its folder."""
 
     config: ml_collections.ConfigDict
     vocab: spm.SentencePieceProcessor
     model: Transformer
     params: Any
     step: int
+    checkpoint: Path | None = None
 
 
 def load_run(workdir: str | Path) -> LoadedRun:
-    """The run in `workdir`, best checkpoint first (else the latest)."""
+    """The run in `workdir`, best checkpoint first (else the latest); reading it writes nothing there."""
     workdir = Path(workdir)
     for name in ("config.json", "spm.model"):
         if not (workdir / name).exists():
             raise FileNotFoundError(f"{workdir / name} is missing: is {workdir} a train.py workdir?")
-    config = config_lib.complete(ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text())))
+    config = config_lib.load_saved(workdir / "config.json")
     config.data.bucket_lengths = tuple(config.data.bucket_lengths)
     vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
     # the dtype the run trained in (WORKDIR/run_info.json), not this machine's 'auto' verdict
@@ -40,9 +40,9 @@ def load_run(workdir: str | Path) -> LoadedRun:
                                    matmul=config.model.matmul)
     model = config_lib.build_model(config, vocab, dtype)
     abstract = step_lib.abstract_state(model, config)
-    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
-    state, step = ckpts.restore_for_eval(abstract)
+    ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints, read_only=True)
+    state, step, folder = ckpts.restore_for_eval(abstract)
     ckpts.close()
     if state is None:
         raise FileNotFoundError(f"no readable checkpoint in {workdir}/best or {workdir}/checkpoints")
-    return LoadedRun(config, vocab, model, state.params, step)
+    return LoadedRun(config, vocab, model, state.params, step, folder / str(step))

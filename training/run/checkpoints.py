@@ -4,12 +4,18 @@ Each saved step also gets `checksums.json`: one 32-bit position-weighted sum of 
 bits. Orbax reads bytes that were damaged on disk without complaint when they sit in raw
 (incompressible) blocks, so a restore recomputes the sums and treats a mismatch like an
 unreadable checkpoint: skipped with a warning, the previous one restored.
+
+A writer (the training loop) moves a damaged step aside to `checkpoints/damaged/STEP` (kept, never
+reused as a name, never deleted); a reader (`read_only=True`: eval.py, analyses) only skips it.
+When every step is damaged there is nothing to resume from: `NoIntactCheckpoint`, not a restart.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import jax
@@ -18,20 +24,33 @@ import orbax.checkpoint as ocp
 
 from training.parallel import distributed
 from training.run import files
+from training.run.errors import RunRefused
 
 CHECKSUM_FILE = "checksums.json"
+DAMAGED = "damaged"  # checkpoints/damaged/STEP: steps a writer found unreadable, kept aside
+DIVERGED = "diverged"  # checkpoints/diverged/STEP: a step whose parameters gave a diverged loss, kept aside
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
-class Checkpoints:
-    """`workdir/checkpoints` keeps the latest `keep` states; `workdir/best` the one with the lowest dev loss."""
+class NoIntactCheckpoint(RunRefused):
+    """Every checkpoint of a run is damaged: resuming is impossible and restarting must be asked for."""
 
-    def __init__(self, workdir: str | Path, keep: int):
+
+class Checkpoints:
+    """`workdir/checkpoints` keeps the latest `keep` states; `workdir/best` the one with the lowest dev loss.
+
+    read_only: a reader's view, which creates, moves and deletes nothing (a run may be training there).
+    """
+
+    def __init__(self, workdir: str | Path, keep: int, read_only: bool = False):
         workdir = Path(workdir).absolute()
-        self.latest = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(max_to_keep=keep))
+        self.read_only = read_only
+        self.latest = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, read_only=read_only, create=not read_only))
         self.best = ocp.CheckpointManager(
             workdir / "best",
-            options=ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["dev_loss"], best_mode="min"),
+            options=ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["dev_loss"], best_mode="min",
+                                                 read_only=read_only, create=not read_only),
         )
 
     def save(self, step: int, state) -> None:
@@ -46,13 +65,59 @@ class Checkpoints:
             _write_checksums(self.best, step, state)
 
     def restore_latest(self, abstract_state):
-        """(state, step) from the newest intact checkpoint, skipping damaged ones; (None, 0) if none."""
-        return _restore_newest(self.latest, abstract_state)
+        """(state, step) from the newest intact checkpoint, skipping damaged ones; (None, 0) if there is none at all.
+
+        A writer moves the damaged ones to `checkpoints/damaged/`; NoIntactCheckpoint if every one is damaged.
+        """
+        state, step, unreadable = _restore_newest(self.latest, abstract_state)
+        if unreadable and not self.read_only:
+            self.move_aside(unreadable)
+        if state is None and unreadable:
+            where = f"moved to {Path(self.latest.directory) / DAMAGED}" if not self.read_only else "left in place"
+            raise NoIntactCheckpoint(
+                f"every checkpoint in {self.latest.directory} is damaged (steps {', '.join(map(str, sorted(unreadable)))}, "
+                f"{where}); nothing to resume from: pass --restart to start over (the old run is moved aside) "
+                "or use a new --workdir")
+        return state, step
 
     def restore_for_eval(self, abstract_state):
-        """The best checkpoint if there is one, else the latest: (state, step)."""
-        state, step = _restore_newest(self.best, abstract_state)
-        return (state, step) if state is not None else self.restore_latest(abstract_state)
+        """(state, step, folder): the best checkpoint if there is one, else the latest.
+
+        A best/ being replaced by a running train.py is read again (a few tries) before falling back, and
+        the fallback is a warning naming both folders.
+        """
+        for _ in range(3):
+            state, step, unreadable = _restore_newest(self.best, abstract_state)
+            if state is not None or not unreadable:
+                break
+            time.sleep(1.0)  # orbax renames a finished save into place and then deletes the old step
+            self.best.reload()
+        if state is not None:
+            return state, step, Path(self.best.directory)
+        if unreadable:
+            logging.warning("no readable checkpoint in %s (steps %s); using the latest in %s instead",
+                            self.best.directory, sorted(unreadable), self.latest.directory)
+        state, step = self.restore_latest(abstract_state)
+        return state, step, Path(self.latest.directory)
+
+    def move_aside(self, steps, folder: str = DAMAGED) -> None:
+        """Move `steps` to checkpoints/FOLDER/STEP[.N] (process 0), so their names are free for new saves."""
+
+        def move():
+            if not distributed.is_main():
+                return
+            aside = Path(self.latest.directory) / folder
+            aside.mkdir(exist_ok=True)
+            for step in steps:
+                target, n = aside / str(step), 1
+                while target.exists():
+                    target, n = aside / f"{step}.{n}", n + 1
+                os.replace(Path(self.latest.directory) / str(step), target)
+                logging.warning("checkpoint %d moved to %s", step, target)
+
+        distributed.main_first("checkpoints-moved-aside", move)
+        self.latest.reload()
+        self.latest.reload()
 
     def close(self) -> None:
         self.latest.close()
@@ -95,7 +160,7 @@ def _verify(manager, step: int, state) -> None:
 
 
 def _restore_newest(manager, abstract_state):
-    """Restore the newest intact step; damaged newer steps are deleted so that saving resumes and none is picked twice."""
+    """(state, step, unreadable steps) of the newest intact step; (None, 0, unreadable) if none restores."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
     unreadable = []
     for step in sorted(manager.all_steps(), reverse=True):
@@ -106,7 +171,5 @@ def _restore_newest(manager, abstract_state):
             logging.warning("checkpoint %d in %s is unreadable (%s); trying an older one", step, manager.directory, str(error).splitlines()[0][:200])
             unreadable.append(step)
             continue
-        for bad in unreadable:  # orbax saves nothing at or below its latest step
-            manager.delete(bad)
-        return state, step
-    return None, 0
+        return state, step, unreadable
+    return None, 0, unreadable

@@ -48,7 +48,13 @@ def enable(setting: str) -> Path | None:
     if directory is None:
         logging.info("persistent compilation cache: off (config.compilation_cache_dir '')")
         return None
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable", str(directory))
+    except OSError as error:
+        raise ValueError(f"config.compilation_cache_dir = {setting!r}: {directory} cannot be used "
+                         f"({error.strerror or error}); expected a writable directory, or '' for no cache") from None
     if jax.config.jax_compilation_cache_dir != str(directory):
         compilation_cache.set_cache_dir(str(directory))
         compilation_cache.reset_cache()  # JAX opens its cache once a process; make it open this one

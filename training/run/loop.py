@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -23,18 +24,27 @@ from training.data.corpus import Corpus, load_corpus
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
 from training.run import checkpoints, compile_cache, files, lock, precision, step as step_lib
+from training.run.errors import RunRefused
 from training.run.metrics import MetricsWriter
 
 
 LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir
 
 
-class NonFiniteLoss(RuntimeError):
-    """The run diverged: a non-finite loss or parameters, or a dev loss whose perplexity overflows."""
+PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Train (resuming from the workdir's latest checkpoint) and return the last dev metrics.
+class NonFiniteLoss(RunRefused):
+    """The run diverged: a non-finite or exploding loss (`config.divergence_factor`), non-finite
+    parameters, or a dev loss whose perplexity overflows."""
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path, restart: bool = False) -> dict:
+    """Train (resuming from the workdir's latest intact checkpoint) and return the last dev metrics.
+
+    A workdir that holds a run either resumes it or is refused (RunRefused, saying what to do); it
+    never starts over silently. restart: move the run the workdir holds (every file but the lock)
+    to `WORKDIR/previous/TIME/` once every check has passed, and start afresh.
 
     With several processes (`training.parallel.distributed`) every process runs this; the workdir must be
     shared. Process 0 writes config.json, the vocabulary and the metrics; orbax writes the
@@ -46,17 +56,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     """
     entered = time.monotonic()
     config_lib.validate(config)
+    config_lib.check_max_len(config)
+    workdir = Path(workdir)
+    check_writable(workdir)  # before the minutes of set-up, not after them
     cache = compile_cache.enable(config.compilation_cache_dir)  # before anything compiles
     with compile_cache.CompileCounter() as compiles:
         try:
-            return _train_and_evaluate(config, Path(workdir), cache, compiles, entered)
+            return _train_and_evaluate(config, workdir, cache, compiles, entered, restart)
         finally:
             logging.info("compilation in this invocation: %s", _compile_summary(compiles.totals()))
 
 
-def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: compile_cache.CompileCounter, entered: float) -> dict:
-    config_lib.check_resumable(config, workdir / "config.json")
-    _check_history(workdir)
+def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: compile_cache.CompileCounter, entered: float,
+                        restart: bool) -> dict:
+    if not restart:  # a restart starts afresh whatever the workdir holds (moved aside below)
+        config_lib.check_resumable(config, workdir / "config.json")
+        check_history(workdir)
     if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
         raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
     device = jax.devices()[0]
@@ -65,16 +80,17 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
     if config.data.train_limit:
         train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
     vocab_path = workdir / "spm.model"
+    reuse_vocab = vocab_path.exists() and not restart
     # The run's vocabulary: the workdir's, else trained now by process 0 (in memory) and shared with the others.
-    vocab_proto = vocab_path.read_bytes() if vocab_path.exists() else distributed.broadcast_bytes(
+    vocab_proto = vocab_path.read_bytes() if reuse_vocab else distributed.broadcast_bytes(
         tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed) if distributed.is_main() else None)
     vocab = tokenizer.load(vocab_proto)
-    if not vocab_path.exists() and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
+    if not reuse_vocab and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
         raise ValueError(f"config.data.vocab_size = {config.data.vocab_size}; expected at most {vocab.vocab_size()}, "
                          f"the pieces SentencePiece finds in {config.data.train_split!r}")
     # Process 0 resolves model.dtype (a measurement may differ between hosts) and every process uses its answer.
     run_info = json.loads(distributed.broadcast_bytes(
-        json.dumps(precision.run_dtype(config.model.dtype, workdir, cache, matmul=config.model.matmul)[1]).encode()
+        json.dumps(precision.run_dtype(config.model.dtype, None if restart else workdir, cache, matmul=config.model.matmul)[1]).encode()
         if distributed.is_main() else None))
     dtype = run_info["model.dtype"]["dtype"]
     logging.info("compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"])
@@ -100,9 +116,11 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
 
         def write_workdir():
             if distributed.is_main():
+                if restart:
+                    _move_run_aside(workdir)
                 files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
                 files.write_atomic(workdir / precision.RUN_INFO, json.dumps(run_info, indent=2))
-                if not vocab_path.exists():
+                if not reuse_vocab:
                     files.write_atomic(vocab_path, vocab_proto)
 
         distributed.main_first("workdir", write_workdir)
@@ -119,6 +137,27 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
         learning_rate = step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps)
         stop = _StopFlag()
         dev_metrics: dict = {}
+        watch = LossWatch(config.get("divergence_factor", 0.0),
+                          min((r["loss"] for r in writer.records if "split" not in r and "loss" in r), default=None))
+
+        def evaluate(done: int) -> dict | None:
+            """Dev metrics at `done` (recorded, and best/ updated); None if a stop signal came during them."""
+            result = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done,
+                                         stop=lambda: distributed.agree(stop.requested)[0])
+            if result is None:
+                return None
+            if not math.isfinite(result["perplexity"]):  # a finite blow-up: as diverged as a NaN
+                raise _diverged(f"dev loss {result['loss']:g} at step {done} overflows its perplexity", ckpts)
+            writer.write(result)
+            logging.info("dev %s", result)
+            ckpts.save_if_best(done, trainer.to_checkpoint(state), result["loss"])
+            return result
+
+        # An evaluation a stop signal cut short is redone before training goes on.
+        if distributed.agree(start > 0 and start % config.eval_every_steps == 0
+                             and not any(r["step"] == start and "split" in r for r in writer.records))[0]:
+            logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
+            dev_metrics = evaluate(start) or {}
         window = _Window(compiles)
         progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
         started = time.monotonic()
@@ -130,8 +169,8 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
                 state, metrics = trainer.step(state, trainer.put_batch(as_arrays(batch)), rng_dropout)
                 metrics = jax.device_get(metrics)  # also waits for the step: honest step times
                 loss = float(metrics["loss"])
-                if not math.isfinite(loss):
-                    raise _diverged(f"loss is {loss} at step {step}", ckpts)
+                if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
+                    raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
                 window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
                 if step == start:
                     window.first_step_s = time.monotonic() - entered
@@ -154,12 +193,13 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
                 if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
                     _check_finite(state.params, done, ckpts)
                 if evaluate_now:
-                    dev_metrics = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done)
-                    if not math.isfinite(dev_metrics["perplexity"]):  # a finite blow-up: as diverged as a NaN
-                        raise _diverged(f"dev loss {dev_metrics['loss']:g} at step {done} overflows its perplexity", ckpts)
-                    writer.write(dev_metrics)
-                    logging.info("dev %s", dev_metrics)
-                    ckpts.save_if_best(done, trainer.to_checkpoint(state), dev_metrics["loss"])
+                    result = evaluate(done)
+                    if result is None:  # SIGTERM/SIGINT during it: save now, redo the evaluation on resume
+                        ckpts.save(done, trainer.to_checkpoint(state))
+                        logging.info("stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
+                                     "(the evaluation is redone on resume), exiting", stop.signum, done)
+                        break
+                    dev_metrics = result
                 if checkpoint_now:
                     ckpts.save(done, trainer.to_checkpoint(state))
                 if out_of_time:
@@ -183,14 +223,56 @@ def _nonempty(config, field: str) -> Corpus:
     return corpus
 
 
-def _check_history(workdir: Path) -> None:
-    """A workdir that has run (config.json) but lost checkpoints/ is refused: a silent restart would cut
-    the metrics history and keep the old run's best/."""
-    if (workdir / "config.json").exists() and not (workdir / "checkpoints").is_dir():
-        raise FileNotFoundError(
-            f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run (config.json, metrics, best/): "
-            "restore checkpoints/ to resume it, or start a new --workdir"
-        )
+def check_writable(workdir: Path) -> None:
+    """ValueError unless `workdir` is a directory this process can write, or can be created (the nearest existing
+    ancestor is a writable directory)."""
+    existing = next(p for p in (workdir, *workdir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--workdir {workdir}: {existing} is a file; expected a directory (or a path to create)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--workdir {workdir}: {existing} is not writable by this user; "
+                         f"expected a directory train.py can write")
+
+
+def _steps_in(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def check_history(workdir: Path) -> None:
+    """RunRefused if `workdir` holds a run (logged metrics, a best/ or set-aside checkpoint) but no checkpoint to resume.
+
+    A start that was killed before its first record (config.json, the vocabulary, an empty metrics.jsonl)
+    holds no run: the same command starts it again.
+    """
+    metrics = workdir / "metrics.jsonl"
+    logged = [r.get("step", 0) for r in files.read_jsonl(metrics)] if metrics.is_file() else []
+    aside = [p.name for p in (workdir / "checkpoints").iterdir() if p.is_dir() and not p.name.isdigit()] \
+        if (workdir / "checkpoints").is_dir() else []
+    evidence = ([f"metrics.jsonl to step {max(logged)}"] if logged else []) + \
+        [f"best/ step {s}" for s in _steps_in(workdir / "best")] + [f"checkpoints/{name}/" for name in sorted(aside)]
+    if evidence and not _steps_in(workdir / "checkpoints"):
+        what = (f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run" if not (workdir / "checkpoints").is_dir()
+                else f"{workdir} holds a run")
+        refused = FileNotFoundError if not (workdir / "checkpoints").is_dir() else RunRefused
+        raise refused(
+            f"{what} ({', '.join(evidence)}) but no checkpoint in {workdir / 'checkpoints'} to resume from: "
+            f"restore them to resume, pass --restart to start over (the old run is moved to {workdir / PREVIOUS}/), "
+            "or use a new --workdir")
+
+
+def _move_run_aside(workdir: Path) -> None:
+    """Move everything in `workdir` but its lock and earlier runs to `workdir/previous/TIME/` (nothing is deleted)."""
+    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS)]
+    if not names:
+        return
+    target = workdir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    n = 1
+    while target.exists():
+        target, n = target.with_name(f"{target.name.split('.')[0]}.{n}"), n + 1
+    target.mkdir(parents=True)
+    for path in names:
+        os.replace(path, target / path.name)
+    logging.warning("--restart: the run that was in %s is moved to %s", workdir, target)
 
 
 def _log_batch_split(schedule, data_shards):
@@ -211,12 +293,43 @@ def _check_finite(params, step, ckpts):
         raise _diverged(f"parameters are not finite after step {step}", ckpts)
 
 
-def _diverged(what: str, ckpts) -> NonFiniteLoss:
-    """The error that stops a diverged run, naming the checkpoint a resume would start from (if any)."""
+def _diverged(what: str, ckpts, insane: int | None = None) -> NonFiniteLoss:
+    """The error that stops a diverged run, naming the checkpoint a resume would start from (if any).
+
+    insane: a step whose checkpoint (if saved) holds the parameters that gave the bad loss: moved to
+    checkpoints/diverged/, so the last one kept had a sane loss.
+    """
+    if insane is not None and insane in ckpts.latest.all_steps():
+        ckpts.move_aside([insane], checkpoints.DIVERGED)
     steps = ckpts.latest.all_steps()
-    where = (f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory}" if steps
+    where = (f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory} (its loss was sane)" if steps
              else "no checkpoint has been saved, so a resume starts from scratch")
     return NonFiniteLoss(f"{what}; stopping without saving: {where}")
+
+
+class LossWatch:
+    """Divergence in the training loss: non-finite, or above `factor` x the lowest running loss so far.
+
+    The running loss is an exponential moving average over about ten steps (decay 0.9); its lowest value
+    is where training got to, so a loss `factor` times above it is a blow-up, not noise (0: only non-finite).
+    lowest: where a resumed run had got to (the lowest logged window mean), else None.
+    """
+
+    DECAY = 0.9
+
+    def __init__(self, factor: float, lowest: float | None = None):
+        self.factor, self.lowest, self.running = factor, lowest, None
+
+    def check(self, loss: float) -> str | None:
+        """Why `loss` means divergence, or None (then it joins the running loss)."""
+        if not math.isfinite(loss):
+            return f"loss is {loss}"
+        if self.factor and self.lowest is not None and loss > self.factor * self.lowest:
+            return (f"loss {loss:.4g} is above config.divergence_factor ({self.factor:g}) x the lowest running loss "
+                    f"({self.lowest:.4g})")
+        self.running = loss if self.running is None else self.DECAY * self.running + (1 - self.DECAY) * loss
+        self.lowest = self.running if self.lowest is None else min(self.lowest, self.running)
+        return None
 
 
 def _compile_summary(totals: dict) -> str:

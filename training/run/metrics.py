@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import jax
@@ -15,9 +16,13 @@ class MetricsWriter:
     def __init__(self, workdir: str | Path, resume_step: int = 0):
         """Records after `resume_step` (logged before an interruption, redone now) and a torn last line are dropped."""
         self.enabled = jax.process_index() == 0
+        self.records: list[dict] = []  # those kept (process 0)
         if self.enabled:
             path = Path(workdir) / "metrics.jsonl"
-            kept = [r for r in (files.read_jsonl(path) if path.exists() else []) if r["step"] <= resume_step]
+            records = files.read_jsonl(path) if path.exists() else []
+            kept = self.records = [r for r in records if r["step"] <= resume_step]
+            if len(kept) < len(records):  # never cut silently
+                logging.warning("%s: %d records after step %d dropped (those steps are redone)", path, len(records) - len(kept), resume_step)
             files.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
             self.jsonl = open(path, "a", encoding="utf-8")
             self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))

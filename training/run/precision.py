@@ -101,16 +101,16 @@ def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | N
     return setting if setting != "auto" else machine_choice(cache, measure_fn, matmul)["dtype"]
 
 
-def run_dtype(setting: str, workdir: Path, cache: Path | None, measure_fn: Callable[[], dict] | None = None,
+def run_dtype(setting: str, workdir: Path | None, cache: Path | None, measure_fn: Callable[[], dict] | None = None,
               matmul: str = "auto") -> tuple[str, dict]:
     """(the run's compute dtype, its `RUN_INFO` record). A resume keeps the dtype its run started with:
-    the one `RUN_INFO` records, or the concrete one an older workdir's config.json holds."""
-    recorded = _read_json(workdir / RUN_INFO).get("model.dtype")
+    the one `RUN_INFO` records, or the concrete one an older workdir's config.json holds (workdir None: a fresh run)."""
+    recorded = _read_json(workdir / RUN_INFO).get("model.dtype") if workdir else None
     if recorded is not None:
         return recorded["dtype"], {"model.dtype": recorded}
     if setting != "auto":
         return setting, {"model.dtype": {"dtype": setting, "reason": "set in the config"}}
-    saved = _read_json(workdir / "config.json").get("model", {}).get("dtype", "auto")
+    saved = _read_json(workdir / "config.json").get("model", {}).get("dtype", "auto") if workdir else "auto"
     if saved != "auto":
         return saved, {"model.dtype": {"dtype": saved, "reason": "the workdir's config.json, written before 'auto'"}}
     choice = machine_choice(cache, measure_fn, matmul)
