@@ -13,7 +13,7 @@ from pathlib import Path
 
 import submitit
 
-from training.sweeps import sweep
+from sweeps import sweep
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Tables (markdown, CSV) and plots of a sweep, rebuilt from its committed files alone (training/sweeps/store.py)."""
+"""Tables (markdown, CSV) and plots of a sweep, rebuilt from its committed files alone (sweeps/store.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from training.sweeps import curves, significance, store  # noqa: E402
+from sweeps import curves, significance, store  # noqa: E402
 
 # Vaswani et al. 2017, Table 3 rows (A): WMT14 en-de newstest2013, Transformer-base, 100k steps.
 PAPER_HEADS = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}

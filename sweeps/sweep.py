@@ -5,7 +5,7 @@ A sweep config module (e.g. configs/ablation_heads.py) is an ordinary config who
 `SWEEP_VALUES` (positive ints, or names such as attention types), `SWEEP_REFERENCE` (the value
 every point is compared with) and `SWEEP_TEST_SPLIT` (a held-out split also scored, or None). A
 point trains in WORKDIR/KEYVALUE_seedK (KEY_VALUE_seedK for a name; checkpoints,
-logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (training/sweeps/store.py), and a
+logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (sweeps/store.py), and a
 point whose result.json is there is finished, on whichever machine that directory is checked out.
 All points share one SentencePiece vocabulary (RESULTS_DIR/NAME/spm.model), so the only
 differences are the swept field and the seed.
@@ -42,7 +42,7 @@ from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 from training.run import files, loop, precision, step as step_lib
 from training.run.lock import claim
-from training.sweeps import store
+from sweeps import store
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"

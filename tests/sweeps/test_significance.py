@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from training.sweeps import significance, store
+from sweeps import significance, store
 
 WORDS = "a man in a red shirt is riding a bike down the street while two dogs watch from the grass".split()
 

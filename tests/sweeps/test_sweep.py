@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from training.sweeps import launch, store, sweep
+from sweeps import launch, store, sweep
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = "tests/training/sweeps/tiny_sweep.py"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = "tests/sweeps/tiny_sweep.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The sweep tables: the paper's Table 3 numbers beside each row (Vaswani et al. 2017, rows A and B, newstest2013),
 the machines, the reading, and sweeps over names (attention types) as well as counts."""
 
-from training.sweeps import tables
+from sweeps import tables
 
 
 def test_paper_numbers_match_rows_by_head_count_and_by_dk_over_dv():

@@ -16,10 +16,10 @@ import pytest
 
 from configs import ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_kv
 from training import config as config_lib
-from training.sweeps import store, sweep
+from sweeps import store, sweep
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "tests/training/sweeps/tiny_sweep.py"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests/sweeps/tiny_sweep.py"
 GOOD = 'SWEEP_NAME = "s"\nSWEEP_KEY = "h"\nSWEEP_VALUES = (1, 2)\nSWEEP_REFERENCE = 2\nSWEEP_TEST_SPLIT = None\ndef get_config(arg=None):\n    return None\n'
 
 
@@ -235,7 +235,7 @@ def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
     # Killing a sweep must not orphan the point it runs (which would train on, unseen): the point gets the
     # SIGTERM too (a real one checkpoints on it), and the sweep waits for it before it exits.
     (tmp_path / "point.py").write_text(FAKE_POINT)
-    code = ("import sys; from pathlib import Path; from training.sweeps import sweep; "
+    code = ("import sys; from pathlib import Path; from sweeps import sweep; "
             f"sweep.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
             f"Path({str(tmp_path / 'results')!r}), 1)")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

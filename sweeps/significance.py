@@ -15,7 +15,7 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from training.sweeps import store
+from sweeps import store
 
 RESAMPLES = 1000
 
