@@ -243,7 +243,11 @@ def adopt_shared(module: ModuleType, wanted: list[Point], results_dir: Path) -> 
         source = Path(results_dir) / origin_name
         if not _same_vocabulary(out, source):
             continue
-        source_key = store.read_spec(source)["key"]
+        source_spec = store.read_spec(source)
+        split = source_spec.get("test_split")
+        if split and store.references_path(source, split).exists() and not store.references_path(out, split).exists():
+            files.write_atomic(store.references_path(out, split), store.references_path(source, split).read_bytes())
+        source_key = source_spec["key"]
         for point in wanted:
             if shared.get(point.value, (None,))[0] != origin_name or store.is_finished(out, point):
                 continue

@@ -157,6 +157,7 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
             cells.append(f"{ours[1] - theirs[1]:+.1f}" if ours and theirs and value != reference else "–")
         lines.append("| " + " | ".join(cells) + " |")
     holm_m = sum(not math.isnan(c.p) for c in compared.values())
+    lines.append("\n" + verdict_line(key, compared))
     lines.append(f"""
 Each seed is one training run, scored with beam 4 on {spec.get("test_split") or "the test split"} at its best-dev-loss checkpoint
 (the scored steps; the runs train to the step after "of"). Difference: mean test BLEU of the row's seeds minus the
@@ -169,6 +170,15 @@ these seeds' spread. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.
 "Significance").
 """)
     return "\n".join(lines) + "\n"
+
+
+def verdict_line(key: str, compared: dict) -> str:
+    """The table's verdicts in one sentence ("Lower: h = 32. Undetermined: h = 1, 2."), the seeds' counts beside."""
+    groups: dict[str, list[str]] = {}
+    for value, c in compared.items():
+        groups.setdefault(c.verdict, []).append(f"{value}")
+    order = [v for v in significance.VERDICTS if v in groups]
+    return "**Reading.** " + " ".join(f"{verdict[0].upper()}{verdict[1:]}: {key} = {', '.join(groups[verdict])}." for verdict in order)
 
 
 def contrasts_markdown(results: list[dict], spec: dict) -> str:

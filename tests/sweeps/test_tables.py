@@ -53,6 +53,7 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     assert body["2"][:2] == ["0", "not run yet"]
     assert body["8"][:3] == ["3", "41.00", "reference"] and body["8"][-2] == "4,000 / 3,600 / 4,000 of 4,000"
     assert body["16"][2:6] == ["+0.00", "[-2.27, +2.27]", "+0.00", "1.000"] and body["16"][9] == "undetermined"
+    assert "**Reading.** Lower: h = 1. Undetermined: h = 16." in table
     assert tables.seed_markdown(results[:3], spec) == ""  # no reference seeds yet
 
 
