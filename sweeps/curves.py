@@ -1,7 +1,7 @@
 """Dev curves of a sweep's points, from their committed metrics.jsonl: the plateau check and steps to a dev loss.
 
 Every point logs dev loss and perplexity at the same steps (the preset's eval_every_steps), so the
-curves compare step for step. Two readings of them (issue 13 items 1 and 6a):
+curves compare step for step. Two readings of them:
 
 - plateau: by how much dev perplexity fell over the last `tail` of the steps, relative to where
   it stood (the preset is long enough when this is under 2 % at the reference point);

@@ -163,7 +163,7 @@ Each seed is one training run, scored with beam 4 on {spec.get("test_split") or 
 (the scored steps; the runs train to the step after "of"). Difference: mean test BLEU of the row's seeds minus the
 reference's, with Welch's 95 % confidence interval; Hedges' g: that difference in pooled seed sds (small-sample
 corrected); p: Welch's two-sided t test, seeds as the unit of replication; Holm: adjusted over this table's {holm_m}
-comparisons. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
+comparison{'' if holm_m == 1 else 's'}. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
 one seed's sd here), Holm-adjusted. Detectable difference: what a two-sided test at 0.05 finds with 80 % power at
 these seeds' spread. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.05, "equivalent within
 ±{significance.MARGIN:g}" when the Holm-adjusted equivalence p < 0.05, else undetermined (docs/sweeps.md,
@@ -234,8 +234,10 @@ def aggregate(results: list[dict], p_values: dict | None = None) -> list[dict]:
     rows = []
     for value in dict.fromkeys(r["value"] for r in results):
         runs = sorted((r for r in results if r["value"] == value), key=lambda r: r.get("seed", 0))
-        # a field whose seeds differ (step, test_bleu, seed) is never shown as one value: it would be seed 0's
-        row = {k: v for k, v in runs[0].items() if all(r.get(k) == v for r in runs)} | {"value": value, "seeds": len(runs)}
+        # a field whose seeds differ (step, test_bleu, seed) is never shown as one value: it would be seed 0's;
+        # the per-seed fields are only per seed, even where the seeds agree
+        row = {k: v for k, v in runs[0].items() if k not in PER_SEED_FIELDS and all(r.get(k) == v for r in runs)}
+        row |= {"value": value, "seeds": len(runs)}
         for field, first in runs[0].items():
             if isinstance(first, float):
                 values = [r[field] for r in runs]
