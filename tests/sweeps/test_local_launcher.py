@@ -96,3 +96,9 @@ def test_two_points_with_the_same_shapes_share_the_sweep_cache(tmp_path):
         totals.append({k: sum(r.get(k, 0) for r in records) for k in ("compiled", "cache_loaded")})
     assert totals[0]["compiled"] > 0 and totals[1]["cache_loaded"] > 0
     assert totals[1]["compiled"] < totals[0]["compiled"] / 2, totals
+
+
+def test_points_per_device_is_for_the_local_launcher(tmp_path):
+    done = subprocess.run([sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--launcher", "slurm",
+                           "--points_per_device", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "--points_per_device applies to --launcher local only" in done.stderr
