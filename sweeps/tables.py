@@ -115,6 +115,11 @@ def _p(p: float) -> str:
     return "–" if math.isnan(p) else "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def _pair_p(p: float) -> str:
+    """A per-pair randomization p: 3 decimals, 4 below 0.001 (its floor is 1 / (trials + 1), 0.0001)."""
+    return f"{p:.4f}" if p < 0.001 else f"{p:.3f}"
+
+
 def _signed(x: float, fmt: str = ".2f") -> str:
     return "–" if math.isnan(x) else f"{x:+{fmt}}"
 
@@ -296,7 +301,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
                 cells.append(fmt.format(row[field + "_mean"] if f"{field}_mean" in row else row[field]))
         if paper:
             cells += [f"{x}" for x in paper_numbers(key, row) or ("–", "–")]
-        cells.append("reference" if row["value"] == reference else " / ".join(_p(p) for p in row.get("p_values", [])) or "–")
+        cells.append("reference" if row["value"] == reference else " / ".join(_pair_p(p) for p in row.get("p_values", [])) or "–")
         cells.append(str(row["seeds"]))
         cells.append(row["commits"])
         cells.append(row["machines"])

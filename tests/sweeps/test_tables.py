@@ -95,6 +95,7 @@ def test_a_sweep_over_names_gets_its_table_and_plot(tmp_path):
     table = tables.markdown(rows, spec).splitlines()
     assert table[0].startswith("| attention_type | parameters | dev PPL |") and "KV-cache bytes/token" in table[0]
     assert table[3].startswith("| performer | 101 |") and "| 0.010 / 0.020 | 2 |" in table[3]
+    assert "| 0.0001 / 0.200 | 2 |" in tables.markdown(tables.aggregate(runs, {"mla": [0.0001, 0.2]}), spec)  # a number, 4 places
     seeds = cells_of(tables.seed_markdown(runs, {**spec, "values": ["softmax", "performer", "mla"]}))
     assert seeds["mla"][:3] == ["2", "32.50", "+2.00"] and seeds["mla"][-1] == ""  # no steps recorded in these runs
     tables.plot(rows, "attention", tmp_path / "family.png")
