@@ -3,6 +3,7 @@
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --launcher slurm \
         --slurm_partition gpu --slurm_gpus 1 --slurm_time_min 120
+    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --points_per_device 3  # 3 per GPU
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
     python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
 
@@ -19,12 +20,14 @@ from pathlib import Path
 from absl import app, flags
 
 from training.run import errors, logs
-from training.sweeps import launch, sweep, tables as sweep_tables
+from sweeps import launch, sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
 flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
 flags.DEFINE_integer("seeds", 3, "seeds per point (0, 1, ...)")
 flags.DEFINE_integer("jobs", 1, "--launcher local: points run at the same time")
+flags.DEFINE_integer("points_per_device", None, "--launcher local: point processes per accelerator, each seeing one "
+                     "device and 1/K of its memory (on a CPU: K at a time); instead of --jobs")
 flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "local: subprocesses here; slurm: one submitit job per point")
 flags.DEFINE_string("slurm_partition", "", "--launcher slurm: partition ('' : the cluster's default)")
 flags.DEFINE_integer("slurm_gpus", 0, "--launcher slurm: GPUs per job")
@@ -35,6 +38,8 @@ flags.DEFINE_bool("collect", False, "only rebuild the tables and plots from the 
 flags.DEFINE_string("results_dir", "results", "finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png")
 flags.DEFINE_string("point", None, "internal / cluster use: run only this point (KEY=VALUE) ...")
 flags.DEFINE_integer("seed", 0, "... with this seed")
+flags.DEFINE_string("compilation_cache_dir", None, "internal / cluster use: the sweep's one persistent compilation "
+                    "cache, used by points whose config.compilation_cache_dir is 'auto'")
 
 SLURM_FLAGS = ("slurm_partition", "slurm_gpus", "slurm_time_min", "slurm_cpus")
 
@@ -52,22 +57,26 @@ def main(argv):
         raise app.UsageError("--config and --workdir are required unless --collect")
     if f.launcher == "local" and (given := [n for n in SLURM_FLAGS if f[n].present]):
         raise ValueError(f"--{given[0]} applies to --launcher slurm only, got --launcher local")
+    if f.launcher == "slurm" and f.points_per_device is not None:
+        raise ValueError("--points_per_device applies to --launcher local only (a SLURM job gets its own devices: --slurm_gpus)")
     workdir = Path(f.workdir)
     module = sweep.load_module(f.config)
     if f.point:
         logs.configure(verbose=f.verbosity >= 1, main_process=True)  # the point's training log, quiet as train.py's
-        sweep.run_point(f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir)
+        cache_dir = Path(f.compilation_cache_dir) if f.compilation_cache_dir else None
+        sweep.run_point(f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir, cache_dir)
         return
     if f.print_commands:
         for point in sweep.pending(results_dir, f.config, module, f.seeds):
-            print(sweep.shell_line(sweep.point_command(["python", "sweep.py"], f.config, workdir, results_dir, point)))
+            print(sweep.shell_line(sweep.point_command(["python", "sweep.py"], f.config, workdir, results_dir, point,
+                                                       sweep.sweep_cache_dir())))
         return
     program = [sys.executable, str(Path(__file__).resolve())]
     if f.launcher == "slurm":
         options = launch.SlurmOptions(f.slurm_partition, f.slurm_gpus, f.slurm_time_min, f.slurm_cpus)
         failed = launch.wait(launch.submit(program, f.config, workdir, results_dir, f.seeds, options))
     else:
-        failed = sweep.run_sweep(program, f.config, workdir, results_dir, f.seeds, f.jobs)
+        failed = sweep.run_sweep(program, f.config, workdir, results_dir, f.seeds, f.jobs, f.points_per_device)
     for path in sweep_tables.collect(results_dir, [module.SWEEP_NAME]):
         print(f"wrote {path}")
     if failed:

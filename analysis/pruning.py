@@ -14,7 +14,7 @@ import numpy as np
 from analysis import heads, tables
 from analysis.plotting import plt, save
 from training.evaluation import translate
-from training.sweeps import significance
+from sweeps import significance
 
 ORDERS = ("importance", "random", "reverse")
 

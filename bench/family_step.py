@@ -30,7 +30,7 @@ from training.data import tokenizer
 from training.data.batching import Batch, BatchSchedule, as_arrays
 from training.data.corpus import load_corpus
 from training.run import step as step_lib
-from training.sweeps.store import git_commit
+from sweeps.store import git_commit
 
 
 def buckets_timed(config, vocab, min_share: float) -> list[tuple[Batch, int, int]]:

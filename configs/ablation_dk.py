@@ -16,7 +16,7 @@ SWEEP_KEY = "dk"
 SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = (D_V // 4, D_V // 2, D_V)
 SWEEP_REFERENCE = D_V  # d_k = d_v: the h = 8 point of rows A
-SWEEP_SHARED_REFERENCE = ("heads", 8)  # the reference is the same run as rows A's h = 8 (tests/training/sweeps/test_sweep_config.py): its seeds are copied, not retrained
+SWEEP_SHARED_REFERENCE = ("heads", 8)  # the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied, not retrained
 
 
 def get_config(arg: str | None = None):

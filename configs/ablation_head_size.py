@@ -25,7 +25,13 @@ SWEEP_TEST_SPLIT = "test_2016_flickr"
 SHAPES = {"h8_dk32": (8, 32), "h8_dk8": (8, 8), "h32_dk8": (32, 8), "h32_dk16": (32, 16)}  # (heads, d_k = d_v)
 SWEEP_VALUES = tuple(SHAPES)
 SWEEP_REFERENCE = "h8_dk32"
-SWEEP_SHARED_REFERENCE = ("heads", 8)  # h8_dk32 is rows A's h = 8, config for config: its seeds are copied
+# h8_dk32 and h32_dk8 are rows A's h = 8 and h = 32, config for config (tests/sweeps/test_sweep_config.py): their seeds are copied
+SWEEP_SHARED = {"h8_dk32": ("heads", 8), "h32_dk8": ("heads", 32)}
+SWEEP_CONTRASTS = (  # (label, from, to): results/head_size.md's decomposition of rows A's h = 8 -> 32
+    ("more heads at a fixed head size", "h8_dk8", "h32_dk8"),
+    ("smaller heads at a fixed count", "h8_dk32", "h8_dk8"),
+    ("the paper's head size at h = 32", "h32_dk8", "h32_dk16"),
+)
 
 
 def get_config(arg: str | None = None):

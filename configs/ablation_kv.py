@@ -14,7 +14,7 @@ SWEEP_KEY = "kv"
 SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = (8, 4, 2, 1)
 SWEEP_REFERENCE = 8
-SWEEP_SHARED_REFERENCE = ("heads", 8)  # the reference is the same run as rows A's h = 8 (tests/training/sweeps/test_sweep_config.py): its seeds are copied, not retrained
+SWEEP_SHARED_REFERENCE = ("heads", 8)  # the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied, not retrained
 
 
 def get_config(arg: str | None = None):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import submitit
 
-from training.sweeps import sweep
+from sweeps import sweep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,8 @@ def submit(program: list[str], config_path: str, workdir: Path, results_dir: Pat
     todo = sweep.pending(results_dir, config_path, module, seeds)
     ex = executor(Path(workdir) / "submitit", options, cluster)
     cwd = os.getcwd()
-    commands = [submitit.helpers.CommandFunction(sweep.point_command(program, config_path, workdir, results_dir, p), cwd=cwd)
+    cache_dir = sweep.sweep_cache_dir()  # one compilation cache for every job (on the cluster's shared filesystem)
+    commands = [submitit.helpers.CommandFunction(sweep.point_command(program, config_path, workdir, results_dir, p, cache_dir), cwd=cwd)
                 for p in todo]
     jobs = ex.submit_array(commands) if commands else []
     for point, job in zip(todo, jobs):

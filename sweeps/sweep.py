@@ -5,16 +5,26 @@ A sweep config module (e.g. configs/ablation_heads.py) is an ordinary config who
 `SWEEP_VALUES` (positive ints, or names such as attention types), `SWEEP_REFERENCE` (the value
 every point is compared with) and `SWEEP_TEST_SPLIT` (a held-out split also scored, or None). A
 point trains in WORKDIR/KEYVALUE_seedK (KEY_VALUE_seedK for a name; checkpoints,
-logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (training/sweeps/store.py), and a
+logs); once evaluated, its small files go to RESULTS_DIR/NAME/ (sweeps/store.py), and a
 point whose result.json is there is finished, on whichever machine that directory is checked out.
 All points share one SentencePiece vocabulary (RESULTS_DIR/NAME/spm.model), so the only
 differences are the swept field and the seed.
 
-A sweep whose reference point is the same run as another sweep's point (rows B's d_k = d_v and the
-KV sweep's kv = h are rows A's h = 8) says so with an optional sixth name,
-`SWEEP_SHARED_REFERENCE = (OTHER_NAME, VALUE)`: that sweep's stored seeds of VALUE are copied in as
-this sweep's reference seeds (marked `shared_from`) instead of being trained again, provided both
-sweeps tokenise with the same vocabulary (this sweep adopts the other's when it has none yet).
+A sweep whose points include runs another sweep already holds (rows B's d_k = d_v and the KV
+sweep's kv = h are rows A's h = 8; the head-size sweep's h8_dk32 and h32_dk8 are rows A's h = 8 and
+h = 32) says so with an optional name `SWEEP_SHARED = {VALUE: (OTHER_NAME, OTHER_VALUE), ...}`, or
+`SWEEP_SHARED_REFERENCE = (OTHER_NAME, OTHER_VALUE)` for the reference point alone: the other
+sweep's stored seeds are copied in as this sweep's seeds of VALUE (marked `shared_from`) instead of
+being trained again, provided both sweeps tokenise with the same vocabulary (this sweep adopts the
+other's when it has none yet).
+
+A sweep may also name comparisons between its points besides each against the reference,
+`SWEEP_CONTRASTS = ((label, FROM_VALUE, TO_VALUE), ...)`: `--collect` gives them their own
+seed-level table (the head-size sweep's decomposition).
+
+`--points_per_device K` (local launcher) runs K points at a time on each accelerator, each process
+seeing one device and a 1/K share of its memory; on a CPU it runs K points at a time. Every point
+of a sweep compiles through one persistent compilation cache (`point_environment`).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import shlex
 import signal
@@ -33,6 +44,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import jax
 from absl import logging
 
 from training import config as config_lib
@@ -40,9 +52,9 @@ from training.data import tokenizer
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import files, loop, precision, step as step_lib
+from training.run import compile_cache, files, loop, precision, step as step_lib
 from training.run.lock import claim
-from training.sweeps import store
+from sweeps import store
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
@@ -96,12 +108,24 @@ def _check(config_path, module: ModuleType) -> None:
         raise bad("SWEEP_REFERENCE", f"one of SWEEP_VALUES {tuple(values)}")
     if module.SWEEP_TEST_SPLIT is not None and not isinstance(module.SWEEP_TEST_SPLIT, str):
         raise bad("SWEEP_TEST_SPLIT", "a split name or None")
+    def is_origin(shared):
+        return (isinstance(shared, tuple) and len(shared) == 2 and isinstance(shared[0], str)
+                and re.fullmatch(r"[A-Za-z0-9_-]+", shared[0]) is not None and shared[0] != module.SWEEP_NAME
+                and (_is_count(shared[1]) or _is_name(shared[1])))
+
     shared = getattr(module, "SWEEP_SHARED_REFERENCE", None)
-    if shared is not None and not (
-            isinstance(shared, tuple) and len(shared) == 2 and isinstance(shared[0], str)
-            and re.fullmatch(r"[A-Za-z0-9_-]+", shared[0]) and shared[0] != module.SWEEP_NAME
-            and (_is_count(shared[1]) or _is_name(shared[1]))):
+    if shared is not None and not is_origin(shared):
         raise bad("SWEEP_SHARED_REFERENCE", "None or (another sweep's SWEEP_NAME, its value that is the same run as SWEEP_REFERENCE)")
+    many = getattr(module, "SWEEP_SHARED", None)
+    if many is not None and not (isinstance(many, dict) and all(v in values and is_origin(o) for v, o in many.items())):
+        raise bad("SWEEP_SHARED", "None or {a value of SWEEP_VALUES: (another sweep's SWEEP_NAME, its value that is the same run)}")
+    if many and shared is not None and module.SWEEP_REFERENCE in many and many[module.SWEEP_REFERENCE] != shared:
+        raise bad("SWEEP_SHARED", f"an origin of SWEEP_REFERENCE that agrees with SWEEP_SHARED_REFERENCE {shared!r}")
+    contrasts = getattr(module, "SWEEP_CONTRASTS", ())
+    if not (isinstance(contrasts, tuple) and all(
+            isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str) and c[0] and c[1] in values and c[2] in values
+            and c[1] != c[2] for c in contrasts)):
+        raise bad("SWEEP_CONTRASTS", "a tuple of (label, a value of SWEEP_VALUES, another value of SWEEP_VALUES)")
 
 
 def _is_count(value) -> bool:
@@ -111,6 +135,14 @@ def _is_count(value) -> bool:
 def _is_name(value) -> bool:
     """A categorical sweep value, such as an attention type."""
     return isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]*", value) is not None
+
+
+def shared_points(module: ModuleType) -> dict[int | str, tuple[str, int | str]]:
+    """{value: (other sweep's name, its value)} for every point that is another sweep's run."""
+    shared = dict(getattr(module, "SWEEP_SHARED", None) or {})
+    if getattr(module, "SWEEP_SHARED_REFERENCE", None) is not None:
+        shared.setdefault(module.SWEEP_REFERENCE, module.SWEEP_SHARED_REFERENCE)
+    return shared
 
 
 def points(module: ModuleType, seeds: int) -> list[Point]:
@@ -135,10 +167,46 @@ def parse_point(arg: str, seed: int, module: ModuleType) -> Point:
     return Point(key, value, seed)
 
 
-def point_command(program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point) -> list[str]:
-    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point: what a scheduler launches."""
-    return [*program, "--config", str(config_path), "--workdir", str(workdir), "--results_dir", str(results_dir),
+def point_command(program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point,
+                  cache_dir: Path | None = None) -> list[str]:
+    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point: what a scheduler launches.
+    `cache_dir`: the sweep's one persistent compilation cache (`sweep_cache_dir`), for points whose config says 'auto'."""
+    cache = ["--compilation_cache_dir", str(cache_dir)] if cache_dir else []
+    return [*program, "--config", str(config_path), "--workdir", str(workdir), "--results_dir", str(results_dir), *cache,
             "--point", point.arg, "--seed", str(point.seed)]
+
+
+def sweep_cache_dir() -> Path | None:
+    """The persistent compilation cache every point of a sweep started here compiles through: what
+    config.compilation_cache_dir 'auto' means in this process, resolved once, so that points with the same
+    shapes compile each program once between them, wherever a launcher runs them (a shared filesystem)."""
+    return compile_cache.cache_dir("auto")
+
+
+def slot_environments(platform: str, devices: int, points_per_device: int, visible: str | None = None) -> list[dict[str, str]]:
+    """One environment per point that may run at once: `points_per_device` per accelerator, each process seeing
+    one device (CUDA_VISIBLE_DEVICES, an entry of `visible` when the sweep itself was limited to some) and a
+    1/K share of its memory (XLA_PYTHON_CLIENT_MEM_FRACTION, 95 % of it split K ways); on a CPU, K plain slots."""
+    if not isinstance(points_per_device, int) or isinstance(points_per_device, bool) or points_per_device < 1:
+        raise ValueError(f"--points_per_device must be a positive int, got {points_per_device!r}")
+    if platform == "cpu":
+        return [{} for _ in range(points_per_device)]
+    if platform != "gpu":
+        raise ValueError(f"--points_per_device: the local launcher shares GPUs or a CPU between point processes, got platform {platform!r}")
+    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(devices)]
+    fraction = f"{0.95 / points_per_device:.3f}"
+    return [{"CUDA_VISIBLE_DEVICES": device, "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction}
+            for _ in range(points_per_device) for device in ids[:devices]]
+
+
+def local_devices() -> tuple[str, int]:
+    """(platform, device count) of this machine, asked of a child process so that this one never takes GPU memory."""
+    done = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend(), jax.local_device_count())"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    if done.returncode != 0:
+        raise RuntimeError(f"could not list this machine's JAX devices: {done.stderr.strip().splitlines()[-1:]}")
+    platform, count = done.stdout.split()[-2:]
+    return platform, int(count)
 
 
 def shell_line(command: list[str]) -> str:
@@ -149,7 +217,8 @@ def write_spec(results_dir: Path, config_path: str, module: ModuleType, seeds: i
     """What `--collect` needs besides the points' files: the swept values and the reference point."""
     spec = {"config": str(config_path), "name": module.SWEEP_NAME, "key": module.SWEEP_KEY,
             "values": list(module.SWEEP_VALUES), "reference": module.SWEEP_REFERENCE,
-            "test_split": module.SWEEP_TEST_SPLIT, "seeds": seeds}
+            "test_split": module.SWEEP_TEST_SPLIT, "seeds": seeds,
+            "contrasts": [list(c) for c in getattr(module, "SWEEP_CONTRASTS", ())]}
     store.write_spec(sweep_dir(results_dir, module), spec)
 
 
@@ -158,46 +227,62 @@ def unfinished(module: ModuleType, seeds: int, results_dir: Path) -> list[Point]
 
 
 def pending(results_dir: Path, config_path: str, module: ModuleType, seeds: int) -> list[Point]:
-    """What a start of the sweep has left to train: writes sweep.json, adopts shared reference seeds."""
+    """What a start of the sweep has left to train: writes sweep.json, adopts shared points' seeds."""
     write_spec(results_dir, config_path, module, seeds)
-    adopt_shared_reference(module, [p for p in points(module, seeds) if p.value == module.SWEEP_REFERENCE], results_dir)
+    adopt_shared(module, points(module, seeds), results_dir)
     return unfinished(module, seeds, results_dir)
 
 
-def adopt_shared_reference(module: ModuleType, wanted: list[Point], results_dir: Path) -> list[Point]:
-    """Store, for each reference point in `wanted` that another sweep already holds as the same run
-    (`SWEEP_SHARED_REFERENCE`), that sweep's files as this point's; return the points so stored."""
-    shared = getattr(module, "SWEEP_SHARED_REFERENCE", None)
-    if shared is None:
-        return []
-    out, source = sweep_dir(results_dir, module), Path(results_dir) / shared[0]
+def adopt_shared(module: ModuleType, wanted: list[Point], results_dir: Path) -> list[Point]:
+    """Store, for each point in `wanted` that another sweep already holds as the same run (`shared_points`),
+    that sweep's files as this point's; return the points so stored."""
+    shared = shared_points(module)
+    out = sweep_dir(results_dir, module)
+    adopted = []
+    for origin_name in dict.fromkeys(name for name, _ in shared.values()):
+        source = Path(results_dir) / origin_name
+        if not _same_vocabulary(out, source):
+            continue
+        source_spec = store.read_spec(source)
+        split = source_spec.get("test_split")
+        if split and store.references_path(source, split).exists() and not store.references_path(out, split).exists():
+            files.write_atomic(store.references_path(out, split), store.references_path(source, split).read_bytes())
+        source_key = source_spec["key"]
+        for point in wanted:
+            if shared.get(point.value, (None,))[0] != origin_name or store.is_finished(out, point):
+                continue
+            origin = store.point_path(source, source_key, shared[point.value][1], point.seed)
+            if (origin / store.RESULT_FILE).exists():
+                store.share_point(out, point, origin, f"{origin_name}/{origin.parent.name}/{origin.name}")
+                adopted.append(point)
+    return adopted
+
+
+def _same_vocabulary(out: Path, source: Path) -> bool:
+    """Whether sweep `out` tokenises as sweep `source` does, adopting the source's vocabulary when `out` has none."""
     vocabulary, source_vocabulary = out / store.VOCABULARY_FILE, source / store.VOCABULARY_FILE
     if not source_vocabulary.exists():
-        return []
+        return False
     if not vocabulary.exists():
         out.mkdir(parents=True, exist_ok=True)
         files.write_atomic(vocabulary, source_vocabulary.read_bytes())
     if vocabulary.read_bytes() != source_vocabulary.read_bytes():
-        logging.warning("%s and %s tokenise differently: the reference points are trained, not shared", vocabulary, source_vocabulary)
-        return []
-    source_key = store.read_spec(source)["key"]
-    adopted = []
-    for point in wanted:
-        origin = store.point_path(source, source_key, shared[1], point.seed)
-        if point.value == module.SWEEP_REFERENCE and not store.is_finished(out, point) and (origin / store.RESULT_FILE).exists():
-            store.share_point(out, point, origin, f"{shared[0]}/{origin.parent.name}/{origin.name}")
-            adopted.append(point)
-    return adopted
+        logging.warning("%s and %s tokenise differently: the shared points are trained, not copied", vocabulary, source_vocabulary)
+        return False
+    return True
 
 
-def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path) -> dict | None:
+def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, cache_dir: Path | None = None) -> dict | None:
     """Train (resuming) and evaluate one point, then store its files under RESULTS_DIR/NAME; a finished
     point returns its stored result, one that another live process is running, or whose training
-    stopped before its last step, returns None (and stores nothing)."""
+    stopped before its last step, returns None (and stores nothing). `cache_dir`: the sweep's
+    compilation cache, which config.compilation_cache_dir 'auto' then names (the config stays 'auto')."""
+    if cache_dir is not None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir))  # what 'auto' resolves to first
     module = load_module(config_path)
     out = sweep_dir(results_dir, module)
     result_path = store.point_dir(out, point) / store.RESULT_FILE
-    adopt_shared_reference(module, [point], results_dir)
+    adopt_shared(module, [point], results_dir)
     if result_path.exists():
         return json.loads(result_path.read_text())
     config = module.get_config(point.arg)
@@ -291,46 +376,59 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
     }
 
 
-def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: Path, seeds: int, jobs: int = 1) -> list[Point]:
-    """Run every unfinished point as its own process on this machine (`jobs` at a time); return the points that failed.
+def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: Path, seeds: int, jobs: int = 1,
+              points_per_device: int | None = None) -> list[Point]:
+    """Run every unfinished point as its own process on this machine (`jobs` at a time, or `points_per_device`
+    on each accelerator: `slot_environments`); return the points that failed.
 
     Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
-    latest checkpoint and skips finished ones; its log goes to WORKDIR/KEYVALUE_seedK.log.
+    latest checkpoint and skips finished ones; its log goes to WORKDIR/KEYVALUE_seedK.log. Every point
+    compiles through one persistent cache (`sweep_cache_dir`).
     """
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
+    if points_per_device is None:
+        slots = [{} for _ in range(jobs)]
+    elif jobs != 1:
+        raise ValueError(f"--jobs {jobs} and --points_per_device {points_per_device}: give one (points_per_device sets how many run)")
+    else:
+        slots = slot_environments(*local_devices(), points_per_device, os.environ.get("CUDA_VISIBLE_DEVICES"))
     module = load_module(config_path)
     todo = pending(results_dir, config_path, module, seeds)
     Path(workdir).mkdir(parents=True, exist_ok=True)
-    running: list[tuple[Point, subprocess.Popen, object]] = []
+    running: list[tuple[Point, subprocess.Popen, object, int]] = []
     failed: list[Point] = []
     # SIGTERM's default action ends this process at once and would orphan the points, which train on;
     # as an exit, it reaches the `finally` below, which passes it on and waits for their checkpoints.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        _drive(program, config_path, Path(workdir), Path(results_dir), sweep_dir(results_dir, module), jobs, todo, running, failed)
+        _drive(program, config_path, Path(workdir), Path(results_dir), sweep_dir(results_dir, module), slots, todo, running, failed)
     finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the wait short
-        for _, process, log in running:
+        for _, process, log, _ in running:
             process.terminate()
-        for _, process, log in running:
+        for _, process, log, _ in running:
             process.wait()
             log.close()
         signal.signal(signal.SIGTERM, previous)
     return failed
 
 
-def _drive(program, config_path, workdir, results_dir, out, jobs, todo, running, failed):
+def _drive(program, config_path, workdir, results_dir, out, slots, todo, running, failed):
+    cache_dir = sweep_cache_dir()
     while todo or running:
-        while todo and len(running) < jobs:
+        while todo and len(running) < len(slots):
             point = todo.pop(0)
+            slot = min(set(range(len(slots))) - {entry[3] for entry in running})
             log = open(workdir / f"{point.name}.log", "a")
-            command = point_command(program, config_path, workdir, results_dir, point)
-            print(f"[sweep] start {point.name}: {shell_line(command)}", flush=True)
-            running.append((point, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log))
+            command = point_command(program, config_path, workdir, results_dir, point, cache_dir)
+            shown = " ".join(f"{k}={v}" for k, v in slots[slot].items())
+            print(f"[sweep] start {point.name}: {shown + ' ' if shown else ''}{shell_line(command)}", flush=True)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **slots[slot]})
+            running.append((point, process, log, slot))
         time.sleep(1.0)
         for entry in [e for e in running if e[1].poll() is not None]:
-            point, process, log = entry
+            point, process, log, _ = entry
             running.remove(entry)
             log.close()
             if process.returncode == 0 and not store.is_finished(out, point):

@@ -1,10 +1,10 @@
-"""Dev-curve readings (training/sweeps/curves.py) against hand-worked numbers, and the section tables.py writes."""
+"""Dev-curve readings (sweeps/curves.py) against hand-worked numbers, and the section tables.py writes."""
 
 import math
 
 import pytest
 
-from training.sweeps import curves, tables
+from sweeps import curves, tables
 
 # (step, loss, perplexity): perplexities chosen by hand, not exp(loss), so the two fields cannot be swapped unseen.
 CURVE = [(100, 3.0, 20.0), (200, 2.0, 8.0), (300, 1.5, 5.0), (400, 1.4, 4.0), (500, 1.38, 3.9)]

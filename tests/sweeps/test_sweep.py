@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from training.sweeps import launch, store, sweep
+from sweeps import launch, store, sweep
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = "tests/training/sweeps/tiny_sweep.py"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = "tests/sweeps/tiny_sweep.py"
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +85,16 @@ def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp
     results = tmp_path / "checkout" / "results"  # no runs/ anywhere near it
     shutil.copytree(swept["results2"], results, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
     run_cli("--collect", "--results_dir", results)
-    table = (results / "tiny_heads.md").read_text().splitlines()
+    text = (results / "tiny_heads.md").read_text()
+    assert text.startswith("## Test BLEU against h = 2, over seeds (the primary result)")  # the seed-level table leads
+    seed_rows = [line for line in text.splitlines() if line.startswith("| 1 | 1 |")]
+    assert seed_rows and "| 4 of 4 |" in seed_rows[0]  # its scored step, of the steps trained
+    table = text.split("## Means over seeds\n\n")[1].splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:7] == ["h", "d_k", "parameters", "dev PPL", "dev BLEU", "test PPL", "test BLEU"]
     assert [line.split("|")[1].strip() for line in table[2:4]] == ["1", "2"]
     assert table[2].split("|")[header.index("paper dev BLEU") + 1].strip() == "24.9"  # the paper's h=1 dev BLEU beside ours
-    p_column = header.index("test BLEU p vs h=2 (paired bootstrap, per seed pair)") + 1
+    p_column = header.index("per seed pair: test BLEU p vs h=2's same seed (secondary; two-sided paired randomization)") + 1
     assert 0 < float(table[2].split("|")[p_column]) <= 1 and table[3].split("|")[p_column].strip() == "reference"
     rows = list(csv.DictReader(open(results / "tiny_heads.csv")))
     assert [r["value"] for r in rows] == ["1", "2"] and "dev_bleu_mean" in rows[0]

@@ -24,7 +24,7 @@ RESULT_FILE = "result.json"
 SPEC_FILE = "sweep.json"
 VOCABULARY_FILE = "spm.model"
 RUN_FILES = ("metrics.jsonl", "config.json")  # copied from the point's workdir beside its hypotheses
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def point_dir(sweep_dir: Path, point) -> Path:

@@ -5,7 +5,7 @@ import os
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from training.sweeps import launch
+from sweeps import launch
 
 
 def test_slurm_options_reach_the_sbatch_script(tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
-"""Tables (markdown, CSV) and plots of a sweep, rebuilt from its committed files alone (training/sweeps/store.py)."""
+"""Tables (markdown, CSV) and plots of a sweep, rebuilt from its committed files alone (sweeps/store.py)."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -13,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from training.sweeps import curves, significance, store  # noqa: E402
+from sweeps import curves, significance, store  # noqa: E402
 
 # Vaswani et al. 2017, Table 3 rows (A): WMT14 en-de newstest2013, Transformer-base, 100k steps.
 PAPER_HEADS = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}
@@ -48,7 +49,7 @@ COLUMNS = {  # by the sweep's key; any other key gets HEADS' columns
                   ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"), *TRAIN],
 }
 SPREAD_FIELDS = {"dev_perplexity", "dev_bleu", "test_perplexity", "test_bleu"}
-X_LABELS = {"h": "heads h (d_k = d_v = d_model / h)", "kv": "KV heads (h = 8)", "dk": "query/key width d_k per head (h = 8, d_v fixed)",
+X_LABELS = {"h": "heads h (d_k = d_v = d_model / h)", "shape": "heads and head size (h, d_k = d_v)", "kv": "KV heads (h = 8)", "dk": "query/key width d_k per head (h = 8, d_v fixed)",
             "attention": "attention_type (h = 8)"}
 DECODE_PANEL = ("kv", "attention")  # sweeps whose plot adds decode speed and cache size
 
@@ -74,12 +75,17 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     results = store.load_results(sweep_dir, spec)
     if not results:
         raise FileNotFoundError(f"no finished point in {sweep_dir} (none has {store.RESULT_FILE})")
+    configs = {(r["value"], r["seed"]): json.loads((store.point_path(sweep_dir, spec["key"], r["value"], r["seed"]) / "config.json").read_text())
+               for r in results}
+    for r in results:  # the step a run trained to, beside the step it is scored at (its best dev loss)
+        r["num_train_steps"] = configs[r["value"], r["seed"]]["num_train_steps"]
     rows = aggregate(results, significance.seed_pair_p_values(sweep_dir, spec, results))
     stem = results_dir / spec["name"]
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".png")]
-    split = json.loads((store.point_path(sweep_dir, spec["key"], results[0]["value"], results[0]["seed"]) / "config.json").read_text())["data"]["eval_split"]
+    split = next(iter(configs.values()))["data"]["eval_split"]
     run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
-    paths[0].write_text(markdown(rows, spec) + reading_markdown(rows, spec) + curves_markdown(run_curves, spec))
+    paths[0].write_text(seed_markdown(results, spec) + contrasts_markdown(results, spec) + per_seed_markdown(results, spec)
+                        + "\n## Means over seeds\n\n" + markdown(rows, spec) + curves_markdown(run_curves, spec))
     write_csv(rows, paths[1])
     plot(rows, spec["key"], paths[2])
     if any(curve for _, curve in run_curves):
@@ -88,24 +94,173 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     return paths
 
 
-def aggregate(results: list[dict], p_values: dict[int | str, list[float]] | None = None) -> list[dict]:
-    """One row per swept value: shared fields from its first seed, `_mean`/`_std` of every number,
-    `p_values` (against the reference point, seed pair by seed pair) where given."""
+def _bleu_by_value(results: list[dict], metric: str = "test_bleu") -> dict[int | str, list[float]]:
+    """Each value's per-seed `metric`, in seed order."""
+    by_value: dict[int | str, list[float]] = {}
+    for r in sorted(results, key=lambda r: r["seed"]):
+        if metric in r:
+            by_value.setdefault(r["value"], []).append(r[metric])
+    return by_value
+
+
+def _steps(runs: list[dict]) -> str:
+    """The scored step of each seed, in seed order ("3,600 / 4,000 / 4,000 of 4,000")."""
+    runs = sorted(runs, key=lambda r: r["seed"])
+    trained = {r.get("num_train_steps") for r in runs} - {None}
+    suffix = f" of {trained.pop():,}" if len(trained) == 1 else ""
+    return " / ".join(f"{r['step']:,}" for r in runs if "step" in r) + suffix
+
+
+def _p(p: float) -> str:
+    return "–" if math.isnan(p) else "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _pair_p(p: float) -> str:
+    """A per-pair randomization p: 3 decimals, 4 below 0.001 (its floor is 1 / (trials + 1), 0.0001)."""
+    return f"{p:.4f}" if p < 0.001 else f"{p:.3f}"
+
+
+def _signed(x: float, fmt: str = ".2f") -> str:
+    return "–" if math.isnan(x) else f"{x:+{fmt}}"
+
+
+def _comparison_cells(c: significance.SeedComparison) -> list[str]:
+    ci = "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+    return [_signed(c.difference), ci, _signed(c.hedges_g), _p(c.p), _p(c.p_holm), _p(c.tost_p_holm),
+            "–" if math.isnan(c.mdd) else f"{c.mdd:.2f}", f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict]
+
+
+COMPARISON_TITLES = ["difference (BLEU)", "95 % CI", "Hedges' g", "p (Welch, two-sided)", "p, Holm",
+                     f"equivalence p (TOST ±{significance.MARGIN:g}), Holm", "detectable difference (80 % power)", "verdict"]
+
+
+def seed_markdown(results: list[dict], spec: dict) -> str:
+    """The primary table: each value's test BLEU against the reference's, seeds as the unit of replication
+    (significance.table_comparisons: Welch, Hedges' g, Holm over the table, TOST), with the scored steps;
+    a value of the sweep with no finished seed reads "not run yet"."""
+    key, reference = spec["key"], spec["reference"]
+    bleu = _bleu_by_value(results)
+    if reference not in bleu:
+        return ""
+    compared = significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference])
+    paper = key in ("h", "dk")
+    base = next((r for r in results if r["value"] == reference), {})
+    titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, "scored steps (seed 0 / 1 / ...)"]
+    titles += [f"paper: dev BLEU − {key}={reference}'s"] if paper else []
+    lines = [f"## Test BLEU against {key} = {reference}, over seeds (the primary result)\n",
+             "| " + " | ".join(titles) + " |", "|---|---:|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|---|" + ("---:|" if paper else "")]
+    for value in spec["values"]:
+        runs = [r for r in results if r["value"] == value]
+        if not runs:
+            lines.append(f"| {value} | 0 | not run yet |" + " |" * (len(titles) - 3))
+            continue
+        cells = [str(value), str(len(runs)), f"{statistics.fmean(bleu[value]):.2f}"]
+        cells += ["reference"] + [""] * (len(COMPARISON_TITLES) - 1) if value == reference else _comparison_cells(compared[value])
+        cells.append(_steps(runs))
+        if paper:
+            ours, theirs = paper_numbers(key, runs[0]), paper_numbers(key, base)
+            cells.append(f"{ours[1] - theirs[1]:+.1f}" if ours and theirs and value != reference else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    holm_m = sum(not math.isnan(c.p) for c in compared.values())
+    lines.append("\n" + verdict_line(key, compared))
+    lines.append(f"""
+Each seed is one training run, scored with beam 4 on {spec.get("test_split") or "the test split"} at its best-dev-loss checkpoint
+(the scored steps; the runs train to the step after "of"). Difference: mean test BLEU of the row's seeds minus the
+reference's, with Welch's 95 % confidence interval; Hedges' g: that difference in pooled seed sds (small-sample
+corrected); p: Welch's two-sided t test, seeds as the unit of replication; Holm: adjusted over this table's {holm_m}
+comparison{'' if holm_m == 1 else 's'}. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
+one seed's sd here), Holm-adjusted. Detectable difference: what a two-sided test at 0.05 finds with 80 % power at
+these seeds' spread. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.05, "equivalent within
+±{significance.MARGIN:g}" when the Holm-adjusted equivalence p < 0.05, else undetermined (docs/sweeps.md,
+"Significance").
+""")
+    return "\n".join(lines) + "\n"
+
+
+def verdict_line(key: str, compared: dict) -> str:
+    """The table's verdicts in one sentence ("Lower: h = 32. Undetermined: h = 1, 2."), the seeds' counts beside."""
+    groups: dict[str, list[str]] = {}
+    for value, c in compared.items():
+        groups.setdefault(c.verdict, []).append(f"{value}")
+    order = [v for v in significance.VERDICTS if v in groups]
+    return "**Reading.** " + " ".join(f"{verdict[0].upper()}{verdict[1:]}: {key} = {', '.join(groups[verdict])}." for verdict in order)
+
+
+def contrasts_markdown(results: list[dict], spec: dict) -> str:
+    """The sweep's named comparisons between two of its values (spec "contrasts": [label, from, to]), seed level,
+    Holm over them; a side without finished seeds reads "not run yet"."""
+    contrasts = spec.get("contrasts") or []
+    if not contrasts:
+        return ""
+    bleu = _bleu_by_value(results)
+    ready = {label: (bleu[a], bleu[b]) for label, a, b in contrasts if a in bleu and b in bleu}
+    tests = {label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}
+    p_holm = significance.holm([c.p for c in tests.values()])
+    tost_holm = significance.holm([c.tost_p for c in tests.values()])
+    tests = {label: dataclasses.replace(c, p_holm=p, tost_p_holm=t) for (label, c), p, t in zip(tests.items(), p_holm, tost_holm)}
+    titles = ["comparison", "from → to", "seeds", *COMPARISON_TITLES]
+    lines = ["## The decomposition: one change at a time\n", "| " + " | ".join(titles) + " |", "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|"]
+    for label, a, b in contrasts:
+        if label not in tests:
+            missing = " and ".join(v for v in (a, b) if v not in bleu)
+            lines.append(f"| {label} | {a} → {b} | – | {missing} not run yet |" + " |" * (len(COMPARISON_TITLES) - 1))
+            continue
+        lines.append(f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | " + " | ".join(_comparison_cells(tests[label])) + " |")
+    lines.append("\nDifference: mean test BLEU of the right-hand value's seeds minus the left-hand one's; the columns as "
+                 "in the table above, Holm over these comparisons.\n")
+    return "\n".join(lines) + "\n"
+
+
+PER_SEED = [("scored step", "step", "{:,d}"), ("dev loss", "dev_loss", "{:.3f}"), ("dev PPL", "dev_perplexity", "{:.2f}"),
+            ("dev BLEU", "dev_bleu", "{:.2f}"), ("test PPL", "test_perplexity", "{:.2f}"), ("test BLEU", "test_bleu", "{:.2f}")]
+
+
+def per_seed_markdown(results: list[dict], spec: dict) -> str:
+    """Every run's own numbers: seed, scored step (of the steps trained), dev and test scores."""
+    key = spec["key"]
+    columns = [c for c in PER_SEED if any(c[1] in r for r in results)]
+    lines = ["## Per seed\n", f"| {key} | seed | " + " | ".join(t for t, _, _ in columns) + " | trained steps |",
+             "|---|---:|" + "---:|" * (len(columns) + 1)]
+    for r in results:
+        cells = [fmt.format(r[field]) if field in r else "–" for _, field, fmt in columns]
+        trained = f"{r['num_train_steps']:,}" if "num_train_steps" in r else "–"
+        lines.append(f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} |")
+    lines.append("\nScored step: the checkpoint with the lowest dev loss, which every score of the run is computed at.\n")
+    return "\n".join(lines) + "\n"
+
+
+PER_SEED_FIELDS = ("step", "dev_bleu", "test_bleu", "dev_perplexity", "test_perplexity")  # labelled per-seed CSV columns
+
+
+def aggregate(results: list[dict], p_values: dict | None = None) -> list[dict]:
+    """One row per swept value: the fields every seed agrees on, `_mean`/`_std` of every number, per-seed
+    columns (`test_bleu_seed1`, `step_seed1`, ...; `p_seed1` where a per-pair p is given), and `p_values`
+    (against the reference point, seed pair by seed pair: a list, or {seed: p})."""
     rows = []
     for value in dict.fromkeys(r["value"] for r in results):
-        runs = [r for r in results if r["value"] == value]
-        row = dict(runs[0]) | {"seeds": len(runs)}
+        runs = sorted((r for r in results if r["value"] == value), key=lambda r: r.get("seed", 0))
+        # a field whose seeds differ (step, test_bleu, seed) is never shown as one value: it would be seed 0's;
+        # the per-seed fields are only per seed, even where the seeds agree
+        row = {k: v for k, v in runs[0].items() if k not in PER_SEED_FIELDS and all(r.get(k) == v for r in runs)}
+        row |= {"value": value, "seeds": len(runs)}
         for field, first in runs[0].items():
             if isinstance(first, float):
                 values = [r[field] for r in runs]
                 row[f"{field}_mean"] = statistics.fmean(values)
                 row[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else float("nan")
+        for field in PER_SEED_FIELDS:
+            for r in runs:
+                if field in r and "seed" in r:
+                    row[f"{field}_seed{r['seed']}"] = r[field]
         row["commits"] = ", ".join(dict.fromkeys(
             r["commit"][:10] + (" (dirty)" if r["dirty"] else "") + (f" (run of {r['shared_from'].rsplit('/', 1)[0]})" if "shared_from" in r else "")
             for r in runs if "commit" in r)) or "–"
         row["machines"] = machines(runs)
         if p_values and value in p_values:
-            row["p_values"] = p_values[value]
+            given = p_values[value]
+            row["p_values"] = list(given.values()) if isinstance(given, dict) else list(given)
+            if isinstance(given, dict):
+                row.update({f"p_seed{seed}": p for seed, p in given.items()})
         rows.append(row)
     return rows
 
@@ -133,7 +288,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
     key, reference = spec["key"], spec["reference"]
     columns = [c for c in COLUMNS.get(key, HEADS) if any(c[1] in row or f"{c[1]}_mean" in row for row in rows)]
     paper = key in ("h", "dk")
-    p_title = f"test BLEU p vs {key}={reference} (paired bootstrap, per seed pair)"
+    p_title = f"per seed pair: test BLEU p vs {key}={reference}'s same seed (secondary; two-sided paired randomization)"
     titles = [t for t, _, _ in columns] + (["paper dev PPL", "paper dev BLEU"] if paper else []) + [p_title, "seeds", "commits", "machines"]
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
     for row in rows:
@@ -146,47 +301,18 @@ def markdown(rows: list[dict], spec: dict) -> str:
                 cells.append(fmt.format(row[field + "_mean"] if f"{field}_mean" in row else row[field]))
         if paper:
             cells += [f"{x}" for x in paper_numbers(key, row) or ("–", "–")]
-        cells.append("reference" if row["value"] == reference else " / ".join(f"{p:.3f}" for p in row.get("p_values", [])) or "–")
+        cells.append("reference" if row["value"] == reference else " / ".join(_pair_p(p) for p in row.get("p_values", [])) or "–")
         cells.append(str(row["seeds"]))
         cells.append(row["commits"])
         cells.append(row["machines"])
         lines.append("| " + " | ".join(cells) + " |")
-    note = (f"\nMean ± sample sd over seeds. p: sacreBLEU's paired bootstrap ({significance.RESAMPLES} resamples) of test "
-            f"BLEU, seed k of the point against seed k of {key}={reference}, one p per seed pair. Speed columns "
+    note = (f"\nMean ± sample sd over seeds. Per seed pair (secondary): sacreBLEU's paired approximate randomization "
+            f"({significance.AR_TRIALS:,} trials, two-sided) of test BLEU, seed k of the point against seed k of "
+            f"{key}={reference}, one p per seed pair, unadjusted: it holds the two trained models fixed, so it tests "
+            f"the test set's sampling, not the configuration (the seed-level table above does). Speed columns "
             f"(tokens/s, wall s) are means over the row's runs, each timed on the machine named in machines: they compare "
             f"only between rows timed on one machine.\n")
     return "\n".join(lines) + "\n" + note
-
-
-def reading_markdown(rows: list[dict], spec: dict) -> str:
-    """Point by point: does its test BLEU differ from the reference's at p < 0.05 in every seed pair, and which
-    way, beside the paper's dev BLEU difference for the same row (rows A and B)."""
-    key, reference = spec["key"], spec["reference"]
-    base = next((row for row in rows if row["value"] == reference), None)
-    if base is None:
-        return ""
-    paper_base = paper_numbers(key, base)
-    lines = [f"\n## Reading: what holds at p < 0.05\n",
-             f"| {key} | test BLEU − {key}={reference}'s (means) | seed pairs with p < 0.05 | verdict | paper: dev BLEU − its {key}={reference}'s |",
-             "|---|---:|---:|---|---:|"]
-    for row in rows:
-        if row["value"] == reference:
-            continue
-        delta = row["test_bleu_mean"] - base["test_bleu_mean"]
-        p_values = row.get("p_values", [])
-        below = sum(p < 0.05 for p in p_values)
-        if not p_values:
-            verdict = "no seed pair to test"
-        elif below == len(p_values):
-            verdict = f"**{'lower' if delta < 0 else 'higher'}** (every seed pair)"
-        else:
-            verdict = "no difference that holds in every seed pair"
-        paper = paper_numbers(key, row)
-        paper_delta = f"{paper[1] - paper_base[1]:+.1f}" if paper and paper_base else "–"
-        lines.append(f"| {row['value']} | {delta:+.2f} | {below} of {len(p_values)} | {verdict} | {paper_delta} |")
-    lines.append(f"\nA difference holds when sacreBLEU's paired bootstrap gives p < 0.05 in every seed pair (seed k against "
-                 f"{key}={reference}'s seed k); the paper's differences are single runs on WMT14 newstest2013, without a test.\n")
-    return "\n".join(lines) + "\n"
 
 
 def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict) -> str:
@@ -239,7 +365,7 @@ def plot_curves(run_curves: list[tuple[int | str, curves.Curve]], key: str, path
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    skip = ("point", "seed", "bleu_signature", "commit", "dirty", "machine")
+    skip = ("point", "seed", "bleu_signature", "commit", "dirty", "machine", "p_values")
     fields = [k for row in rows for k in row if k not in skip]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(fields)), extrasaction="ignore")

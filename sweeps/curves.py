@@ -1,7 +1,7 @@
 """Dev curves of a sweep's points, from their committed metrics.jsonl: the plateau check and steps to a dev loss.
 
 Every point logs dev loss and perplexity at the same steps (the preset's eval_every_steps), so the
-curves compare step for step. Two readings of them (issue 13 items 1 and 6a):
+curves compare step for step. Two readings of them:
 
 - plateau: by how much dev perplexity fell over the last `tail` of the steps, relative to where
   it stood (the preset is long enough when this is under 2 % at the reference point);
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from training.run import files
-from training.sweeps import store
+from sweeps import store
 
 Curve = list[tuple[int, float, float]]  # (step, dev loss, dev perplexity), by step
 

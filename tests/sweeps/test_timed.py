@@ -3,7 +3,7 @@
 import json
 import time
 
-from training.sweeps import sweep
+from sweeps import sweep
 
 
 def test_time_is_stored_while_the_point_runs_and_a_resume_adds_to_it(tmp_path):

@@ -16,10 +16,10 @@ import pytest
 
 from configs import ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_kv
 from training import config as config_lib
-from training.sweeps import store, sweep
+from sweeps import store, sweep
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "tests/training/sweeps/tiny_sweep.py"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests/sweeps/tiny_sweep.py"
 GOOD = 'SWEEP_NAME = "s"\nSWEEP_KEY = "h"\nSWEEP_VALUES = (1, 2)\nSWEEP_REFERENCE = 2\nSWEEP_TEST_SPLIT = None\ndef get_config(arg=None):\n    return None\n'
 
 
@@ -40,6 +40,11 @@ def test_bad_sweep_config(tmp_path):
     ('SWEEP_SHARED_REFERENCE = "heads"', "SWEEP_SHARED_REFERENCE"), ('SWEEP_SHARED_REFERENCE = ("s", 2)', "SWEEP_SHARED_REFERENCE"),
     ('SWEEP_SHARED_REFERENCE = ("heads", 0)', "SWEEP_SHARED_REFERENCE"), ('SWEEP_VALUES = ("lsh", 2)', "SWEEP_VALUES"),
     ('SWEEP_VALUES = ("Big Bird", "lsh")', "SWEEP_VALUES"), ('SWEEP_VALUES = ("lsh", "mla")', "SWEEP_REFERENCE"),
+    ('SWEEP_SHARED = {3: ("heads", 8)}', "SWEEP_SHARED"), ('SWEEP_SHARED = {1: ("s", 1)}', "SWEEP_SHARED"),
+    ('SWEEP_SHARED = [(1, ("heads", 1))]', "SWEEP_SHARED"),
+    ('SWEEP_SHARED_REFERENCE = ("heads", 8)\nSWEEP_SHARED = {2: ("heads", 4)}', "SWEEP_SHARED"),
+    ('SWEEP_CONTRASTS = (("x", 1, 3),)', "SWEEP_CONTRASTS"), ('SWEEP_CONTRASTS = (("x", 1, 1),)', "SWEEP_CONTRASTS"),
+    ('SWEEP_CONTRASTS = ("x", 1, 2)', "SWEEP_CONTRASTS"),
 ])
 def test_bad_sweep_fields_are_named(tmp_path, line, field):
     path = tmp_path / "bad.py"
@@ -65,6 +70,8 @@ def test_bad_point_is_named():
             sweep.parse_point(arg, 0, family)
     with pytest.raises(ValueError, match="--jobs"):
         sweep.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=0)
+    with pytest.raises(ValueError, match="--points_per_device"):
+        sweep.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=2, points_per_device=2)
 
 
 def test_slurm_flags_need_the_slurm_launcher(tmp_path):
@@ -161,17 +168,21 @@ class Vocab:
         return 64
 
 
-@pytest.mark.parametrize("module, arg, spelled", [
-    (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}), (ablation_kv, "kv=8", {"model.num_kv_heads": 8}),
-    (ablation_family, "attention=softmax", {}),
-    (ablation_head_size, "shape=h8_dk32", {"model.head_dim": 32, "model.v_head_dim": 32}),
+@pytest.mark.parametrize("module, arg, spelled, rows_a", [
+    (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8), (ablation_kv, "kv=8", {"model.num_kv_heads": 8}, 8),
+    (ablation_family, "attention=softmax", {}, 8),
+    (ablation_head_size, "shape=h8_dk32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8),
+    (ablation_head_size, "shape=h32_dk8", {"model.head_dim": 8, "model.v_head_dim": 8}, 32),
 ])
-def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled):
-    # The reference seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE) must be the run they would train:
-    # the configs differ only in spelling out h = 8's defaults, and build a model with the same parameters and outputs.
-    assert module.SWEEP_SHARED_REFERENCE == (ablation_heads.SWEEP_NAME, ablation_heads.SWEEP_REFERENCE)
-    ours, heads = module.get_config(arg), ablation_heads.get_config("h=8")
-    assert f"{module.SWEEP_KEY}={module.SWEEP_REFERENCE}" == arg
+def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled, rows_a):
+    # The seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE, SWEEP_SHARED) must be the run they would train:
+    # the configs differ only in spelling out rows A's defaults, and build a model with the same parameters and outputs.
+    value = arg.partition("=")[2]
+    value = int(value) if value.isdigit() else value
+    assert sweep.shared_points(module)[value] == (ablation_heads.SWEEP_NAME, rows_a)
+    if rows_a == ablation_heads.SWEEP_REFERENCE:
+        assert f"{module.SWEEP_KEY}={module.SWEEP_REFERENCE}" == arg
+    ours, heads = module.get_config(arg), ablation_heads.get_config(f"h={rows_a}")
     differing = {k: v for k, v in flat(ours).items() if flat(heads)[k] != v}
     assert differing == spelled and all(flat(heads)[k] is None for k in spelled)
     src, tgt = jnp.arange(1, 13).reshape(2, 6) % 64, jnp.arange(3, 15).reshape(2, 6) % 64
@@ -220,6 +231,26 @@ def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
     assert len(sweep.pending(other, str(config), module, seeds=1)) == 2
 
 
+def test_shared_points_beyond_the_reference_are_copied(tmp_path):
+    # The head-size sweep's way: two values that are rows A runs, the reference and another.
+    results = tmp_path / "results"
+    store.write_spec(results / "heads", {"key": "h"})
+    (results / "heads" / "spm.model").write_bytes(b"vocabulary")
+    for h, seed in ((8, 0), (8, 1), (4, 0)):
+        write_finished(results / "heads", "h", h, seed, 40.0 - seed - (8 - h))
+    config = tmp_path / "size_like.py"
+    config.write_text(GOOD.replace('"s"', '"size_like"').replace('"h"', '"shape"').replace("(1, 2)", '("big", "small", "new")')
+                      .replace("= 2\n", '= "big"\n') + 'SWEEP_SHARED = {"big": ("heads", 8), "small": ("heads", 4)}\n'
+                      + 'SWEEP_CONTRASTS = (("shrink", "big", "small"),)\n')
+    module = sweep.load_module(config)
+    assert sweep.shared_points(module) == {"big": ("heads", 8), "small": ("heads", 4)}
+    todo = sweep.pending(results, str(config), module, seeds=2)
+    assert [p.name for p in todo] == ["shape_new_seed0", "shape_small_seed1", "shape_new_seed1"]
+    small = json.loads((store.point_path(results / "size_like", "shape", "small", 0) / "result.json").read_text())
+    assert small["shared_from"] == "heads/h4/seed0" and small["test_bleu"] == 36.0
+    assert store.read_spec(results / "size_like")["contrasts"] == [["shrink", "big", "small"]]
+
+
 FAKE_POINT = '''import pathlib, signal, sys, time
 out = pathlib.Path(sys.argv[sys.argv.index("--workdir") + 1])
 def stop(signum, frame):
@@ -235,7 +266,7 @@ def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
     # Killing a sweep must not orphan the point it runs (which would train on, unseen): the point gets the
     # SIGTERM too (a real one checkpoints on it), and the sweep waits for it before it exits.
     (tmp_path / "point.py").write_text(FAKE_POINT)
-    code = ("import sys; from pathlib import Path; from training.sweeps import sweep; "
+    code = ("import sys; from pathlib import Path; from sweeps import sweep; "
             f"sweep.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
             f"Path({str(tmp_path / 'results')!r}), 1)")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

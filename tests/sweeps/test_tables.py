@@ -1,0 +1,102 @@
+"""The sweep tables: the paper's Table 3 numbers beside each row (Vaswani et al. 2017, rows A and B, newstest2013),
+the machines, the seed-level table and the contrasts, per-seed CSV columns, and sweeps over names (attention types)
+as well as counts."""
+
+from sweeps import tables
+
+
+def test_paper_numbers_match_rows_by_head_count_and_by_dk_over_dv():
+    assert tables.paper_numbers("h", {"value": 16}) == (4.91, 25.8)
+    assert tables.paper_numbers("h", {"value": 2}) is None  # not in the paper
+    # rows B at d_v = 64: d_k = 16 and 32; this codebase's d_v = 32 matches them at d_k = 8 and 16
+    assert tables.paper_numbers("dk", {"value": 8, "head_dim": 8, "v_head_dim": 32}) == (5.16, 25.1)
+    assert tables.paper_numbers("dk", {"value": 16, "head_dim": 16, "v_head_dim": 32}) == (5.01, 25.4)
+    assert tables.paper_numbers("dk", {"value": 32, "head_dim": 32, "v_head_dim": 32}) == (4.92, 25.8)
+    assert tables.paper_numbers("kv", {"value": 2}) is None
+
+
+def test_rows_name_the_machines_their_runs_were_timed_on():
+    xeon = "cpu|cpu|Intel(R) Xeon(R) Processor, native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
+    epyc = "cpu|cpu|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
+    runs = [{"value": 8, "seed": s, "commit": "a" * 40, "dirty": False, "test_bleu": 30.0 + s, **m}
+            for s, m in enumerate([{"machine": epyc}, {}, {"machine": epyc}, {"machine": xeon}])]
+    [row] = tables.aggregate(runs)
+    assert row["machines"] == "AMD EPYC (no native bf16) × 2, unrecorded × 1, Intel(R) Xeon(R) Processor (native bf16) × 1"
+    assert tables.machine_label("gpu|NVIDIA H200|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1") == "NVIDIA H200"
+    table = tables.markdown([row], {"key": "h", "reference": 8})
+    assert table.splitlines()[0].endswith("| commits | machines |")
+    assert table.splitlines()[2].endswith("| aaaaaaaaaa | AMD EPYC (no native bf16) × 2, unrecorded × 1, Intel(R) Xeon(R) Processor (native bf16) × 1 |")
+
+
+def cells_of(table: str) -> dict[str, list[str]]:
+    """A markdown table's body rows by their first cell."""
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| ") and not line.startswith("| ---")}
+
+
+def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_and_steps():
+    # Hand-worked: h = 1 is [37, 38, 39] against h = 8's [40, 41, 42]: difference -3, se sqrt(2/3), Welch df 4,
+    # 95 % CI -3 -+ 2.776 x 0.8165 = [-5.27, -0.73], Hedges' g -3 x (1 - 3/15) = -2.40, p 0.0213 (scipy:
+    # ttest_ind(equal_var=False)); equivalence p max(t4.sf((-3 + 0.5) / se), t4.cdf((-3 - 0.5) / se)) = 0.981. h = 16's seeds
+    # equal h = 8's: difference 0, p 1, g 0, yet not equivalent (too few seeds). Holm over the 2 tested comparisons:
+    # 2 x 0.0213 = 0.043, and 1.
+    results = [{"value": v, "seed": s, "step": 4000 - 400 * (s == 1 and v == 8), "num_train_steps": 4000,
+                "test_bleu": base + s, "num_heads": v, "head_dim": 256 // v, "v_head_dim": 256 // v}
+               for v, base in ((1, 37.0), (8, 40.0), (16, 40.0)) for s in range(3)]
+    spec = {"key": "h", "reference": 8, "values": [1, 2, 8, 16], "test_split": "test"}
+    table = tables.seed_markdown(results, spec)
+    header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    assert header[:7] == ["h", "seeds", "test BLEU (mean)", "difference (BLEU)", "95 % CI", "Hedges' g", "p (Welch, two-sided)"]
+    body = cells_of(table)
+    assert body["1"][:8] == ["3", "38.00", "-3.00", "[-5.27, -0.73]", "-2.40", "0.021", "0.043", "0.981"]
+    assert body["1"][9:] == ["**lower**", "4,000 / 4,000 / 4,000 of 4,000", "-0.9"]  # the paper: 24.9 vs 25.8
+    assert body["2"][:2] == ["0", "not run yet"]
+    assert body["8"][:3] == ["3", "41.00", "reference"] and body["8"][-2] == "4,000 / 3,600 / 4,000 of 4,000"
+    assert body["16"][2:6] == ["+0.00", "[-2.27, +2.27]", "+0.00", "1.000"] and body["16"][9] == "undetermined"
+    assert "**Reading.** Lower: h = 1. Undetermined: h = 16." in table
+    assert tables.seed_markdown(results[:3], spec) == ""  # no reference seeds yet
+
+
+def test_contrasts_get_their_own_table_and_missing_points_read_not_run_yet():
+    results = [{"value": v, "seed": s, "test_bleu": b + 0.1 * s} for v, b in (("h8_dk32", 40.0), ("h32_dk8", 38.5)) for s in range(3)]
+    spec = {"key": "shape", "reference": "h8_dk32", "values": ["h8_dk32", "h8_dk8", "h32_dk8", "h32_dk16"],
+            "contrasts": [["more heads at a fixed head size", "h8_dk8", "h32_dk8"], ["all of rows A's step", "h8_dk32", "h32_dk8"],
+                          ["the paper's head size at h = 32", "h32_dk8", "h32_dk16"]]}
+    body = cells_of(tables.contrasts_markdown(results, spec))
+    assert body["more heads at a fixed head size"][:3] == ["h8_dk8 → h32_dk8", "–", "h8_dk8 not run yet"]
+    assert body["the paper's head size at h = 32"][2] == "h32_dk16 not run yet"
+    # the one testable comparison (Holm over one is the raw p): [38.5, 38.6, 38.7] - [40.0, 40.1, 40.2] = -1.5,
+    # se sqrt(2 x 0.01 / 3) = 0.0816, df 4: -1.5 -+ 2.776 x 0.0816 = [-1.73, -1.27]
+    ready = body["all of rows A's step"]
+    assert ready[:4] == ["h8_dk32 → h32_dk8", "3 → 3", "-1.50", "[-1.73, -1.27]"] and ready[5] == ready[6] == "< 0.001" and ready[-1] == "**lower**"
+    assert tables.contrasts_markdown(results, {**spec, "contrasts": []}) == ""
+    seeds = cells_of(tables.seed_markdown(results, spec))
+    assert seeds["h8_dk8"][:2] == ["0", "not run yet"] and seeds["h32_dk16"][:2] == ["0", "not run yet"]
+
+
+def test_csv_rows_hold_no_single_seeds_value_unlabelled(tmp_path):
+    runs = [{"value": 8, "seed": s, "step": (4000, 3600, 4000)[s], "test_bleu": 40.0 + s, "parameters": 5} for s in range(3)]
+    [row] = tables.aggregate(runs, {8: {0: 0.5, 1: 0.01, 2: 0.2}})
+    assert "step" not in row and "test_bleu" not in row and "seed" not in row  # they differ by seed
+    assert (row["step_seed1"], row["test_bleu_seed2"], row["test_bleu_mean"], row["parameters"]) == (3600, 42.0, 41.0, 5)
+    assert row["p_values"] == [0.5, 0.01, 0.2] and row["p_seed1"] == 0.01
+    tables.write_csv([row], tmp_path / "t.csv")
+    header = (tmp_path / "t.csv").read_text().splitlines()[0].split(",")
+    assert "step" not in header and "test_bleu" not in header and {"step_seed0", "test_bleu_seed1", "p_seed2"} <= set(header)
+
+
+def test_a_sweep_over_names_gets_its_table_and_plot(tmp_path):
+    runs = [{"value": name, "seed": seed, "parameters": 100 + i, "test_bleu": 30.0 + i + seed, "dev_bleu": 29.0 + i,
+             "dev_perplexity": 6.0 - i, "test_perplexity": 6.5 - i, "kv_cache_bytes_per_token": 512.0 / (i + 1),
+             "decode_tokens_per_s_beam1": 900.0, "decode_tokens_per_s_beam4": 200.0}
+            for i, name in enumerate(["softmax", "performer", "mla"]) for seed in (0, 1)]
+    rows = tables.aggregate(runs, {"performer": [0.01, 0.02], "mla": [0.2, 0.01]})
+    spec = {"key": "attention", "reference": "softmax"}
+    table = tables.markdown(rows, spec).splitlines()
+    assert table[0].startswith("| attention_type | parameters | dev PPL |") and "KV-cache bytes/token" in table[0]
+    assert table[3].startswith("| performer | 101 |") and "| 0.010 / 0.020 | 2 |" in table[3]
+    assert "| 0.0001 / 0.200 | 2 |" in tables.markdown(tables.aggregate(runs, {"mla": [0.0001, 0.2]}), spec)  # a number, 4 places
+    seeds = cells_of(tables.seed_markdown(runs, {**spec, "values": ["softmax", "performer", "mla"]}))
+    assert seeds["mla"][:3] == ["2", "32.50", "+2.00"] and seeds["mla"][-1] == ""  # no steps recorded in these runs
+    tables.plot(rows, "attention", tmp_path / "family.png")
+    assert (tmp_path / "family.png").stat().st_size > 0
