@@ -8,6 +8,7 @@ import sys
 
 import jax
 
+from training.data.batching import eval_lengths
 from training.evaluation import translate
 from training.run import step as step_lib
 
@@ -35,6 +36,7 @@ def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step) -> 
     hyps = translate.translate(
         model, params, vocab.encode(list(dev.src[:n])), beam_size=1, alpha=config.eval.alpha,
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
+        lengths=eval_lengths(config),
     )
     bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])
     return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": perplexity(nll), "bleu": bleu, "bleu_examples": n}
