@@ -75,3 +75,19 @@ def test_dev_loss_at_fixed_lengths_is_the_bucketed_one(tiny):
     assert {b["src"].shape[1] for b in fixed} == {32, 64} and len({b["src"].shape for b in bucketed}) > 2
     # the same per-token sums, grouped into other batches: equal up to float32 summation order
     np.testing.assert_allclose(dev.dev_loss(params, fixed, step), dev.dev_loss(params, bucketed, step), rtol=1e-5)
+
+
+def test_the_preset_packs_only_when_asked_and_bad_eval_lengths_are_named():
+    from configs import ablation_heads, default, table3_preset
+    from training import config as config_lib
+
+    committed = ablation_heads.get_config("h=8")
+    assert committed.data.pack_length == 0 and tuple(committed.eval.lengths) == ()  # the committed points' recipe
+    packed = table3_preset.apply(default.get_config("h=8"), packed=True)
+    assert packed.data.pack_length == table3_preset.PACK_LENGTH
+    assert tuple(packed.eval.lengths) == (*table3_preset.EVAL_LENGTHS, packed.model.max_len)
+    assert packed.to_dict() | {"data": None, "eval": None} == committed.to_dict() | {"data": None, "eval": None}
+    config_lib.validate(packed)
+    packed.eval.lengths = (32, 64)  # shorter than max_len: a pair would have no fixed length to go to
+    with pytest.raises(ValueError, match=r"eval.lengths"):
+        config_lib.validate(packed)
