@@ -55,7 +55,7 @@ class Ours:
         self.decode = decoder(self.model, beam, 0.6, steps)
         self.batches = []
         for start in range(0, len(src_ids) - batch + 1, batch):
-            chunk = src_ids[start : start + batch]
+            chunk = [ids[:pad_to] if pad_to else ids for ids in src_ids[start : start + batch]]  # the peer cuts to its length too
             length = pad_to or bucket_length(max(map(len, chunk)), config.data.bucket_lengths)
             self.batches.append(jnp.asarray(BatchSchedule.assemble(chunk, [[] for _ in chunk], batch, length).src))
         out = [np.asarray(self.decode(self.params, src)) for src in self.batches]  # compile every shape
