@@ -1,7 +1,7 @@
 """Multi-query associative recall at long N: which attention-family member can still find a key anywhere in the row.
 
     taskset -c 1 python -m bench.associative_recall   # results/attention_family.md (N = 512)
-    taskset -c 1 python -m bench.associative_recall --length 2048   # the issue's N, ~2 h a member on one CPU core
+    taskset -c 1 python -m bench.associative_recall --length 2048   # the long setting, ~2 h a member on one CPU core
     taskset -c 1 python -m bench.associative_recall --length 128 --steps 20 --types softmax performer   # a smoke run
 
 The task (multi-query associative recall, after Arora et al. 2023, "Zoology"), generated on the

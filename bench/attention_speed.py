@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]  # child processes run `-m bench.…`
 DEFAULT_SHAPES = (
     (8, 128, 8, 64, 8),
     (4, 512, 8, 64, 8),
-    (2, 1024, 8, 64, 8),  # not in the list: where impl="auto" switches
+    (2, 1024, 8, 64, 8),  # where impl="auto" switches
     (1, 2048, 8, 64, 8),
     (1, 4096, 8, 64, 8),
     (1, 8192, 8, 64, 8),

@@ -1,8 +1,9 @@
 """Our training step against Flax examples/wmt's, side by side on one core, in useful target tokens/s.
 
-    taskset -c 1 python -m bench.peer --peer_python PEER/venv/bin/python --wmt_dir PEER/examples/wmt \\
-        --peer_dir SCRIPTS                       (results/peer.md; PEER: the peer's setup.sh DEST,
-                                                  SCRIPTS: the folder of its flax_wmt_step.py)
+    taskset -c 1 python -m bench.peer --peer_python PEER_PY --wmt_dir WMT      (results/peer.md)
+
+WMT: a snapshot of Flax's examples/wmt (or $FLAX_WMT_DIR); PEER_PY: an interpreter with its packages
+(default: this one; bench/flax_wmt_import.py stubs its TensorFlow/clu imports where they are missing).
 
 Each round times, per size, the peer and ours, alternating which goes first (ours first in even
 rounds). The peer is `flax_wmt_step.py` in its own interpreter: the example's own `train_step`,
@@ -34,6 +35,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,7 +43,7 @@ import jax
 import numpy as np
 
 from bench.timing import median_ms
-from bench.train_step import SIZES, dot_seconds, matmul_flops_per_s
+from bench.train_step import SIZES, compiled_flops, dot_seconds, matmul_flops_per_s
 from configs import default
 from training import config as config_lib
 from training.data import tokenizer
@@ -109,7 +111,7 @@ class Ours:
         self.compiled = False
 
     def _flops(self, batch) -> float:
-        return self.trainer.step_fn.lower(self.state, self.trainer.put_batch(batch), self.rng).cost_analysis()["flops"]
+        return compiled_flops(self.trainer.step_fn.lower(self.state, self.trainer.put_batch(batch), self.rng))
 
     def _run(self, shape, i=0):
         batch = self.batches[shape][i % len(self.batches[shape])]
@@ -153,7 +155,10 @@ def peer_flops(ours: Ours, rows: int) -> float:
 
 def run_peer(args, size: str) -> dict:
     script = str(Path(args.peer_dir) / "flax_wmt_step.py")
-    cmd = [args.peer_python, script, "--wmt_dir", args.wmt_dir, "--size", size, "--steps", str(args.peer_steps or PEER_STEPS[size])]
+    cmd = [args.peer_python, script, "--wmt_dir", args.wmt_dir, "--size", size, "--steps", str(args.peer_steps or PEER_STEPS.get(size, 3))]
+    cmd += ["--batch", str(args.peer_rows)] if getattr(args, "peer_rows", 0) else []
+    cmd += ["--dtype", args.peer_dtype] if getattr(args, "peer_dtype", "") else []
+    cmd += ["--profile_dir", str(args.peer_profile_dir)] if getattr(args, "peer_profile_dir", "") else []
     if args.clock == "cpu":
         cmd = [args.peer_python, "-c", CPU_CLOCK_SHIM, *cmd[1:]]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -180,9 +185,12 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peer_python", required=True, help="the peer venv's interpreter")
-    parser.add_argument("--wmt_dir", required=True, help="the peer's examples/wmt")
-    parser.add_argument("--peer_dir", required=True, help="the folder holding flax_wmt_step.py")
+    parser.add_argument("--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)")
+    parser.add_argument("--wmt_dir", default=os.environ.get("FLAX_WMT_DIR", ""), required="FLAX_WMT_DIR" not in os.environ,
+                        help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR)")
+    parser.add_argument("--peer_dir", default=str(Path(__file__).parent), help="the folder holding flax_wmt_step.py (default: bench/)")
+    parser.add_argument("--peer_rows", type=int, default=0, help="the peer's rows of 64 a step (0: its size's, 20 small, 32 base)")
+    parser.add_argument("--peer_dtype", default="", help="the peer's compute dtype (default: float32, the example's on CPU)")
     parser.add_argument("--sizes", nargs="*", default=list(SIZES))
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="ours (the peer runs float32, as on CPU)")
     parser.add_argument("--rounds", type=int, default=3)

@@ -4,8 +4,8 @@
 
 For each size and compute dtype: median seconds of a compiled train step (forward, backward,
 Adam update) on a full batch of the reference's geometry, slot tokens/s (target side), the
-ratio of steps/s to the reference measured on this machine (../shared/GUIDE.md section 2:
-small 1.27 steps/s at 20 x 64, base 0.191 steps/s at 32 x 64, both float32, one core), and
+ratio of steps/s to the reference measured on this machine (Flax examples/wmt's step, measured
+with bench/flax_wmt_step.py: small 1.27 steps/s at 20 x 64, base 0.191 steps/s at 32 x 64, both float32, one core), and
 MFU = compiled FLOPs per step / step time / matmul FLOP/s measured in this same run.
 The model's matmuls are chosen as `config.model.matmul = "auto"` chooses them (backends/__init__.py).
 """
@@ -40,6 +40,19 @@ def matmul_flops_per_s(dtype, n=2048, reps=5, clock="wall") -> float:
     f = jax.jit(lambda a: a @ a)
     seconds = median_seconds(f, (a,), reps, clock)
     return 2 * n**3 / seconds
+
+
+def compiled_flops(lowered) -> float:
+    """XLA's FLOP count of a lowered (or compiled) program; NaN where the backend gives none.
+
+    `cost_analysis()` may return None (seen on a GPU), a dict, or a one-dict list (older JAX);
+    a missing count makes the MFU columns NaN instead of stopping the bench.
+    """
+    compiled = lowered.compile() if hasattr(lowered, "compile") else lowered
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else None
+    return float((analysis or {}).get("flops", float("nan")))
 
 
 # An HLO instruction's result: `%name = f32[2,3]{1,0} op(...)` (ROOT or not; fusion parameters included).
@@ -99,7 +112,7 @@ def bench(size: str, dtype: str, reps: int):
         apply_fn=model.apply, params=model.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"],
         tx=step_lib.make_optimizer(opt, 1000)))()
     step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
-    flops = step.lower(state, batch, jax.random.key(1)).compile().cost_analysis()["flops"]
+    flops = compiled_flops(step.lower(state, batch, jax.random.key(1)))
     seconds = median_seconds(lambda s: step(s, batch, jax.random.key(1))[1]["loss"], (state,), reps)
     n_params = step_lib.parameter_count(state.params)
     return n_params, rows, length, seconds, flops, ref_steps

@@ -73,6 +73,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval.beam_size = 4  # eval.py's default beam
     config.eval.alpha = 0.6  # length penalty exponent
     config.eval.max_extra_length = 50  # output length limit = source length + this
+    config.eval.lengths = ()  # fixed lengths dev batches and decoded sources are padded to, one compile each (): the buckets
 
     config.parallelism = "jit"  # 'jit': the step jitted over the mesh below; 'pmap': data parallel over local devices
     config.mesh = ml_collections.ConfigDict()

@@ -126,13 +126,15 @@ class _Greedy(NamedTuple):
 
 def greedy_decode(
     model, params, src_tokens: Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH,
-    return_steps: bool = False,
+    return_steps: bool = False, limit: Array | None = None,
 ) -> Array | tuple[Array, Array]:
     """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
 
     Stops early once every sequence has produced EOS. `first_cache_length`: see `cache_lengths`.
     `return_steps`: also return the decoder steps the loop ran ([] int32), to tell a dearer step
-    from a longer search when timing.
+    from a longer search when timing. `limit` ([] int, at most `max_len`; None: `max_len`): the
+    tokens to generate at most; an array, so one compiled program of capacity `max_len` serves
+    every output cap up to it (pad after the limit).
     """
     _check_args(model, src_tokens, max_len)
     lengths = cache_lengths(max_len, first_cache_length)
@@ -142,7 +144,8 @@ def greedy_decode(
     empty_cache = lambda length: init_cache(model, params, encoded, src_tokens, length)
 
     def cond(s: _Greedy):
-        return ~jnp.all(s.finished)
+        go_on = ~jnp.all(s.finished)
+        return go_on if limit is None else go_on & (s.step < limit)
 
     def body(s: _Greedy):
         log_probs, cache = _decode_step(model, params, s.cache, encoded, src_tokens, s.last)
@@ -187,6 +190,7 @@ class _Beams(NamedTuple):
 def beam_search(
     model, params, src_tokens: Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
     return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH, return_steps: bool = False,
+    limit: Array | None = None,
 ) -> tuple[Array, ...]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
@@ -195,9 +199,11 @@ def beam_search(
     Hypotheses still without EOS at `max_len` compete with score log P / lp(max_len).
     Stops early once no alive beam can beat the worst finished one (valid for alpha >= 0).
     `first_cache_length`: see `cache_lengths`. `return_steps`: a third output, the decoder steps
-    the loop ran ([] int32).
+    the loop ran ([] int32). `limit`: as `greedy_decode`'s (hypotheses then compete at `limit`).
     """
     _check_args(model, src_tokens, max_len)
+    # the early-stopping bound's penalty: a Python float without a limit (as it always was), else traced
+    final_penalty = length_penalty(max_len, alpha) if limit is None else length_penalty(jnp.asarray(limit, jnp.float32), alpha)
     lengths = cache_lengths(max_len, first_cache_length)
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
@@ -212,9 +218,10 @@ def beam_search(
     empty_cache = lambda length: init_cache(model, params, encoded, src_tokens, length)
 
     def cond(s: _Beams):
-        # alive log-probs only fall and lp only grows, so logp / lp(max_len) bounds any final score
-        best_alive = s.alive_logp[:, 0] / length_penalty(max_len, alpha)
-        return ~jnp.all(s.finished_scores[:, -1] > best_alive)
+        # alive log-probs only fall and lp only grows, so logp / lp(limit) bounds any final score
+        best_alive = s.alive_logp[:, 0] / final_penalty
+        go_on = ~jnp.all(s.finished_scores[:, -1] > best_alive)
+        return go_on if limit is None else go_on & (s.step < limit)
 
     def body(s: _Beams):
         # each beam writes the token it feeds into its own cache row

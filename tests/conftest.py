@@ -8,9 +8,17 @@ import os
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
+# Float32 comparisons against NumPy are comparisons at full float32 precision. A GPU's default float32
+# matmul is TF32 (10 mantissa bits: 1e-4 .. 1e-3 off a NumPy reference), the CPU's is full float32; the
+# suite states the precision it tests here, once, so its tolerances hold on both. The environment
+# variable (read when JAX starts) reaches the subprocesses (train.py, sweep.py) as well. A test about
+# another precision scopes it itself (`jax.default_matmul_precision(...)` or a `precision=` argument).
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_default_matmul_precision", os.environ["JAX_DEFAULT_MATMUL_PRECISION"])
 
 # Many tests compile the same step functions; a session-wide persistent cache compiles each once.
 import tempfile  # noqa: E402

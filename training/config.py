@@ -37,6 +37,7 @@ ADDED_FIELDS = {
     "model.attention_options": "",
     "data.pack_length": 0,
     "divergence_factor": 10.0,  # read by the loop only: no saved state depends on it
+    "eval.lengths": (),  # evaluation at the buckets' lengths, as before the field
 }
 # `model.row_major_matmuls` values as `model.matmul` settings (an older config.json may hold the old field).
 RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
@@ -93,6 +94,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
         value = config[field]
         _require(field, value, isinstance(value, int) and value > 0, "a positive int")
+    lengths = config.eval.get("lengths", ())
+    _require("eval.lengths", lengths, isinstance(lengths, (tuple, list)) and all(isinstance(n, int) and n >= 2 for n in lengths)
+             and (not lengths or max(lengths) >= config.model.max_len),
+             "() (the buckets) or a few lengths >= 2, the longest >= model.max_len to hold every pair")
     _require("max_train_seconds", config.max_train_seconds, config.max_train_seconds >= 0, ">= 0 (0: no limit)")
     _require("parallelism", config.parallelism, config.parallelism in PARALLELISMS, f"one of {PARALLELISMS}")
     for field in ("data", "model"):

@@ -188,13 +188,18 @@ def as_arrays(batch: Batch) -> dict:
 
 
 def dev_batches(config, vocab, corpus) -> list[dict]:
-    """A dev corpus in fixed-shape bucketed batches (every pair once, none dropped; over-long ones cut to max_len)."""
+    """A dev corpus in fixed-shape bucketed batches (every pair once, none dropped; over-long ones cut to max_len).
+
+    The batches' lengths are `config.eval.lengths` where set (a few fixed lengths: one compiled
+    eval program each, whatever the buckets), else `config.data.bucket_lengths`.
+    """
     limit = config.model.max_len
+    lengths = eval_lengths(config) or config.data.bucket_lengths
     src = [ids[:limit] for ids in vocab.encode(list(corpus.src))]
     tgt = [ids[: limit - 1] for ids in vocab.encode(list(corpus.tgt))]  # + BOS / EOS
     by_bucket: dict[int, list[int]] = {}
     for i, (s, t) in enumerate(zip(src, tgt)):
-        by_bucket.setdefault(bucket_length(max(len(s), len(t) + 1), config.data.bucket_lengths), []).append(i)
+        by_bucket.setdefault(bucket_length(max(len(s), len(t) + 1), lengths), []).append(i)
     batches = []
     for length, ids in sorted(by_bucket.items()):
         rows = max(1, config.data.token_budget // length)
@@ -202,3 +207,8 @@ def dev_batches(config, vocab, corpus) -> list[dict]:
             chunk = ids[k : k + rows]
             batches.append(as_arrays(BatchSchedule.assemble([src[i] for i in chunk], [tgt[i] for i in chunk], rows, length)))
     return batches
+
+
+def eval_lengths(config) -> tuple[int, ...]:
+    """`config.eval.lengths`, the fixed lengths evaluation pads to; () where unset (evaluation then uses the buckets)."""
+    return tuple(getattr(getattr(config, "eval", None), "lengths", ()) or ())

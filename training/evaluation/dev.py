@@ -8,6 +8,7 @@ import sys
 
 import jax
 
+from training.data.batching import eval_lengths
 from training.evaluation import translate
 from training.run import step as step_lib
 
@@ -61,6 +62,7 @@ def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step, sto
             out = translate.translate(
                 model, params, [src[i] for i in chunk], beam_size=1, alpha=config.eval.alpha,
                 max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths, rows=ROWS,
+                lengths=eval_lengths(config),
             )
             for i, ids in zip(chunk, out):
                 hyps[i] = ids

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import decoding
-from training.data.batching import BatchSchedule, bucket_length, dev_batches
+from training.data.batching import BatchSchedule, bucket_length, dev_batches, eval_lengths
 from training.data.corpus import load_corpus
 from training.evaluation import dev, translate
 from training.evaluation.loaded import LoadedRun, load_run
@@ -119,4 +119,5 @@ def _translate(run: LoadedRun, src_ids, beam_size):
     return translate.translate(
         run.model, run.params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
         max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
+        lengths=eval_lengths(config),
     )

@@ -15,12 +15,16 @@ from training.data.batching import BatchSchedule, bucket_length
 
 def translate(
     model, params, src_ids: Sequence[Sequence[int]], *, beam_size: int, alpha: float,
-    max_extra_length: int, bucket_lengths: Sequence[int], rows: int = 64,
+    max_extra_length: int, bucket_lengths: Sequence[int], rows: int = 64, lengths: Sequence[int] = (),
 ) -> list[list[int]]:
     """Token ids of each translation (EOS and padding removed), in input order.
 
     Sources are cut to the model's max_len, grouped by bucket length and padded to `rows` rows, so each bucket compiles once;
     output length is capped at bucket length + `max_extra_length` (and the model's max_len).
+    `lengths` (config.eval.lengths; () = the buckets): a few fixed source lengths the batches are padded
+    to instead, each one compiled program whose output capacity is that length + `max_extra_length`;
+    the cap stays the bucket's (passed to the program as a number), so the translations are those of
+    the bucketed path (up to float rounding over the extra, masked padding).
     """
     eos, pad = model.config.eos_id, model.config.pad_id
     src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read
@@ -30,9 +34,16 @@ def translate(
         chunk = order[start : start + rows]
         longest = max(len(src_ids[i]) for i in chunk)
         length = bucket_length(longest, bucket_lengths)
-        batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
         max_len = min(length + max_extra_length, model.config.max_len)
-        tokens = np.asarray(decoder(model, beam_size, alpha, max_len)(params, batch.src))
+        if lengths:
+            padded = bucket_length(length, lengths)
+            capacity = max(min(padded + max_extra_length, model.config.max_len), max_len)
+            batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, padded)
+            limited = decoder(model, beam_size, alpha, capacity, limited=True)
+            tokens = np.asarray(limited(params, batch.src, np.int32(max_len)))
+        else:
+            batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
+            tokens = np.asarray(decoder(model, beam_size, alpha, max_len)(params, batch.src))
         for row, i in enumerate(chunk):
             out = list(tokens[row])
             out = out[: out.index(eos)] if eos in out else out
@@ -41,16 +52,20 @@ def translate(
 
 
 @functools.lru_cache(maxsize=32)
-def decoder(model, beam_size, alpha, max_len, return_steps=False):
-    """A jitted decode of a source batch to tokens [B, max_len]; with `return_steps`, (tokens, loop steps)."""
-    if beam_size == 1:
-        return jax.jit(lambda params, src: greedy_decode(model, params, src, max_len, return_steps=return_steps))
+def decoder(model, beam_size, alpha, max_len, return_steps=False, limited=False):
+    """A jitted decode of a source batch to tokens [B, max_len]; with `return_steps`, (tokens, loop steps).
 
-    def decode(params, src):
-        tokens, _, *steps = beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len,
-                                        return_steps=return_steps)
-        return (tokens, *steps) if return_steps else tokens
-    return jax.jit(decode)
+    `limited`: the function takes a third argument, the output cap ([] int32, <= max_len; see `greedy_decode`).
+    """
+    if beam_size == 1:
+        def decode(params, src, limit=None):
+            return greedy_decode(model, params, src, max_len, return_steps=return_steps, limit=limit)
+    else:
+        def decode(params, src, limit=None):
+            tokens, _, *steps = beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len,
+                                            return_steps=return_steps, limit=limit)
+            return (tokens, *steps) if return_steps else tokens
+    return jax.jit(decode) if limited else jax.jit(lambda params, src: decode(params, src))
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:

@@ -105,7 +105,8 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
     logging.info("%d batches an epoch; %d pairs longer than the largest bucket dropped", schedule.batches_per_epoch, schedule.examples_dropped)
     dev_set = dev_batches(config, vocab, dev)
 
-    rng_params, rng_dropout = jax.random.split(jax.random.key(config.seed))
+    # one program, not one per eager op (seed, split, unstack): a run's compile count is its few real programs
+    rng_params, rng_dropout = jax.jit(lambda: tuple(jax.random.split(jax.random.key(config.seed))))()
     tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
     trainer = trainers.make_trainer(config, model, tx)
     _log_batch_split(schedule, trainer.data_shards)
@@ -134,7 +135,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
 
         eval_step = dev_lib.eval_step_fn(model)
         writer = MetricsWriter(workdir, resume_step=start)
-        learning_rate = step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps)
+        learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))  # logged; jitted: one program, not a dozen eager ops
         stop = _StopFlag()
         dev_metrics: dict = {}
         watch = LossWatch(config.get("divergence_factor", 0.0),
