@@ -29,10 +29,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attention.formulation import Formulation, resolve
 from attention.grouped import Options, group_heads, to_grouped
 from attention.impl import IMPLEMENTATIONS
 from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from attention.masks import as_bool_mask, check_float_like, normalize_window
+from attention.checks import is_positive_int
 
 Array = Any
 IMPLS = (*IMPLEMENTATIONS, "auto")
@@ -60,6 +62,7 @@ def attend(
     broadcast_dropout: bool = True,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    formulation: Formulation | None = None,
 ) -> tuple[Array, Array | None]:
     """Multi-head, grouped-query or multi-query attention, and its weights.
 
@@ -78,6 +81,7 @@ def attend(
       dtype: computation dtype (default: promoted from the inputs).
       precision: `lax.Precision` (or its name) for the matmuls.
       block_q, block_k: query / key block lengths of `impl="blockwise"` (clipped to Lq / Lk).
+      formulation: how vmap spells one head's products (`attention.formulation`; None: the plain one).
 
     Returns:
       (out `[batch..., Lq, H, Dv]` in `dtype`, weights `[batch..., H, Lq, Lk]` or None).
@@ -99,11 +103,12 @@ def attend(
     check_float_like("bias", bias, logits_shape)
     dropout = _dropout_active(dropout_rate, dropout_rng, deterministic)
     for name, size in (("block_q", block_q), ("block_k", block_k)):
-        if not isinstance(size, int) or size < 1:
+        if not is_positive_int(size):
             raise ValueError(f"{name} must be a positive int, got {size!r}")
     options = Options(
         is_causal, normalize_window(local_window_size), dropout_rate if dropout else 0.0,
         dropout_rng if dropout else None, broadcast_dropout, precision, block_q, block_k,
+        resolve(formulation),
     )
     if impl == "auto":
         impl = choose_impl(Lq, Lk, dtype, Dk, Dv, dropout, bias is not None,

@@ -1,0 +1,140 @@
+"""Flax-compatibility shims of the two layer faces: Flax's input rules and warnings, its `attention_fn`
+call, and the NNX layer's parameters as a Linen tree (and back).
+
+Nothing here computes attention; the faces (`attention.layer`, `attention.nnx`) call these where
+Flax's conventions differ from the library's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+
+def call_attention_fn(layer, query, key, value, mask, deterministic, dropout_rng, sow_weights):
+    """Call a Linen layer's user `attention_fn` the way Flax does (unknown keyword arguments are filtered out)."""
+    kwargs = dict(
+        mask=mask,
+        dropout_rng=dropout_rng,
+        dropout_rate=layer.dropout_rate,
+        broadcast_dropout=layer.broadcast_dropout,
+        deterministic=deterministic,
+        dtype=layer.dtype,
+        precision=layer.precision,
+        force_fp32_for_softmax=layer.force_fp32_for_softmax,
+        qk_attn_weights_einsum=layer.qk_attn_weights_einsum_cls and layer.qk_attn_weights_einsum_cls(),
+        attn_weights_value_einsum=layer.attn_weights_value_einsum_cls and layer.attn_weights_value_einsum_cls(),
+    )
+    accepted = inspect.signature(layer.attention_fn).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    if sow_weights:
+        kwargs["module"] = layer
+    return layer.attention_fn(query, key, value, **kwargs)
+
+
+def resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
+    """`flax.linen.MultiHeadDotProductAttention`'s rules, errors and warnings: k defaults to q, v to k;
+    `inputs_kv` (deprecated) sets both. Called from the layer's `__call__` (the warnings' stacklevel)."""
+    if inputs_kv is not None:
+        if inputs_k is not None or inputs_v is not None:
+            raise ValueError(
+                "If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be None. If "
+                "`inputs_kv` is not None, both `inputs_k` and `inputs_v` must be None. We recommend "
+                "using `inputs_k` and `inputs_v` args, since `inputs_kv` will be deprecated soon. "
+                "See https://github.com/google/flax/discussions/3389 for more information."
+            )
+        warnings.warn(
+            "The inputs_kv arg will be deprecated soon. Use inputs_k and inputs_v instead. "
+            "See https://github.com/google/flax/discussions/3389 for more information.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return inputs_kv, inputs_kv
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError(
+                "`inputs_k` cannot be None if `inputs_v` is not None. To have both `inputs_k` and "
+                "`inputs_v` be the same value, pass in the value to `inputs_k` and leave `inputs_v` as None."
+            )
+        inputs_k = inputs_q
+    if inputs_v is None:
+        return inputs_k, inputs_k
+    # Flax's heuristic for a mask passed positionally (the pre-0.7.4 signature)
+    if inputs_v.ndim >= 2 and inputs_v.shape[-1] == inputs_v.shape[-2]:
+        warnings.warn(
+            f"You are passing an array of shape {inputs_v.shape} to the `inputs_v` arg, when you "
+            "may have intended to pass it to the `mask` arg. As of Flax version 0.7.4, the "
+            "function signature of MultiHeadDotProductAttention's `__call__` method has changed "
+            "to `__call__(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None, "
+            "deterministic=None)`. Use the kwarg `mask` instead. See "
+            "https://github.com/google/flax/discussions/3389 and read the docstring for more information.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return inputs_k, inputs_v
+
+
+def to_linen_params(layer: nnx.Module) -> dict:
+    """The layer's `nnx.Param`s as a Linen `params` tree (`{"query": {"kernel": ...}, ...}`).
+
+    Flax's Linen and NNX attention layers and ours share parameter names and shapes, so this
+    tree is what `attention.MultiHeadAttention` / `flax.linen.MultiHeadDotProductAttention`
+    take as `{"params": tree}` for the same configuration.
+    """
+    return nnx.to_pure_dict(nnx.state(layer, nnx.Param))
+
+
+def load_linen_params(layer: nnx.Module, params: Mapping[str, Any]) -> None:
+    """Set `layer`'s `nnx.Param`s from a Linen `params` tree (the `"params"` collection, not the variables).
+
+    Raises a ValueError naming the first parameter path that is missing, unexpected or of
+    another shape.
+    """
+    state = nnx.state(layer, nnx.Param)
+    ours = _flat(nnx.to_pure_dict(state))
+    theirs = _flat(params)
+    for path in sorted(set(ours) | set(theirs)):
+        name = "/".join(path)
+        if path not in theirs:
+            raise ValueError(f"params: {name} is missing (the layer has it, shape {ours[path].shape})")
+        if path not in ours:
+            raise ValueError(f"params: {name} is not a parameter of this layer ({type(layer).__name__})")
+        if tuple(jnp.shape(theirs[path])) != tuple(ours[path].shape):
+            raise ValueError(
+                f"params: {name} has shape {tuple(jnp.shape(theirs[path]))}; the layer expects {tuple(ours[path].shape)}"
+            )
+    nnx.replace_by_pure_dict(state, _unflatten({p: jnp.asarray(v) for p, v in theirs.items()}))
+    nnx.update(layer, state)
+
+
+def _flat(tree, prefix=()):
+    if not isinstance(tree, Mapping):
+        return {prefix: tree}
+    return {path: leaf for key, sub in tree.items() for path, leaf in _flat(sub, (*prefix, str(key))).items()}
+
+
+def _unflatten(flat):
+    tree: dict = {}
+    for path, leaf in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf
+    return tree
+
+
+def resolve_nnx_inputs(inputs_q, inputs_k, inputs_v):
+    """`flax.nnx.MultiHeadAttention`'s rules: k defaults to q, v to k."""
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError(
+                "inputs_k cannot be None if inputs_v is not None; to use one array for both, "
+                "pass it as inputs_k and leave inputs_v None"
+            )
+        inputs_k = inputs_q
+    return inputs_k, inputs_k if inputs_v is None else inputs_v
