@@ -43,7 +43,7 @@ def test_future_target_tokens_do_not_change_earlier_logits(attention_type):
     assert not np.allclose(a[:, 4:], b[:, 4:])
 
 
-@pytest.mark.parametrize("attention_type", ["performer", "mla"])  # over the KV cache: tests/attention/family/test_span.py
+@pytest.mark.parametrize("attention_type", ["performer", "mla"])  # over the KV cache: test_family_span.py
 def test_cached_decoding_equals_the_full_pass(attention_type):
     model = models.Transformer(tiny(attention_type))
     params = model.init(KEY, SRC, TGT_IN)["params"]
