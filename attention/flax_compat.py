@@ -14,10 +14,19 @@ from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.module import first_from
+
+from attention import family
+from attention.checks import require
+from attention.masks import and_masks, structure_mask
 
 
-def call_attention_fn(layer, query, key, value, mask, deterministic, dropout_rng, sow_weights):
-    """Call a Linen layer's user `attention_fn` the way Flax does (unknown keyword arguments are filtered out)."""
+def call_attention_fn(layer, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights):
+    """Call a Linen layer's user `attention_fn` the way Flax does (unknown keyword arguments are filtered out).
+
+    Flax Linen's `attention_fn` takes no `is_causal`: causality is ANDed into the mask.
+    """
+    mask = and_masks(mask, structure_mask(query.shape[-3], key.shape[-3], is_causal, None))
     kwargs = dict(
         mask=mask,
         dropout_rng=dropout_rng,
@@ -35,6 +44,13 @@ def call_attention_fn(layer, query, key, value, mask, deterministic, dropout_rng
     if sow_weights:
         kwargs["module"] = layer
     return layer.attention_fn(query, key, value, **kwargs)
+
+
+def check_einsum_cls(layer) -> None:
+    """The Linen layer's einsum classes are forwarded to `attention_fn`, as Flax's: they need one."""
+    if (layer.qk_attn_weights_einsum_cls or layer.attn_weights_value_einsum_cls) and layer.attention_fn is None:
+        raise ValueError("qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
+                         "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too")
 
 
 def resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
@@ -77,6 +93,61 @@ def resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
             stacklevel=3,
         )
     return inputs_k, inputs_v
+
+
+def check_nnx_call(layer, inputs_q, decode, lengths, input_positions) -> None:
+    """The NNX layer's call arguments that Flax's has or ours adds: in_features, lengths, input_positions."""
+    require("", "inputs_q features", inputs_q.shape[-1], inputs_q.shape[-1] == layer.in_features,
+            f"in_features = {layer.in_features} (shape {inputs_q.shape})")
+    if lengths is not None and not decode:
+        raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
+    if input_positions is not None and layer.attention_fn is None:
+        raise ValueError("input_positions is forwarded to attention_fn, and attention_fn is None; set an "
+                         "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)")
+
+
+def nnx_dropout(layer, deterministic, rngs):
+    """The NNX layer's (deterministic, dropout key or None), resolved as `flax.nnx.MultiHeadAttention` resolves them."""
+    if layer.dropout_rate == 0.0:
+        return True, None
+    deterministic = first_from(deterministic, layer.deterministic, error_msg=(
+        "No `deterministic` argument was provided to MultiHeadAttention as either a __call__ argument or class "
+        "attribute (it is needed when dropout_rate > 0)."))
+    rngs = layer.rngs if rngs is None else rngs.dropout if isinstance(rngs, nnx.Rngs) else rngs
+    if deterministic:
+        return True, None
+    if rngs is None:
+        raise ValueError("rngs must be provided to __call__ when dropout is on and the layer was built with "
+                         "keep_rngs=False")
+    return False, rngs()
+
+
+class NnxDecodeViews:
+    """Flax NNX's decode-cache entry points for the NNX layer, which provides `_allocate`."""
+
+    def _has_cache(self):
+        spec = family.member(self.attention_type)
+        if spec is not None and spec.decode == "state":
+            return getattr(self, self.attention_type).to_nnx__module.decode
+        return self.cached_key is not None
+
+    def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
+        """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
+        if len(input_shape) < 2:
+            raise ValueError(f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}")
+        self._allocate(tuple(input_shape[:-2]), input_shape[-2], dtype)
+
+    def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
+                 batch_size: int | tuple[int, ...] | None = None, max_length: int | None = None):
+        """Used by `nnx.view`: set modes; with `decode=True`, allocate the cache if it is missing or sized here."""
+        self.deterministic = self.deterministic if deterministic is None else deterministic
+        self.decode = self.decode if decode is None else decode
+        if not decode or (self._has_cache() and batch_size is None and max_length is None):
+            return
+        if batch_size is None or max_length is None:
+            raise ValueError(f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
+                             f"batch_size={batch_size!r}, max_length={max_length!r}")
+        self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
 
 
 def to_linen_params(layer: nnx.Module) -> dict:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attention.formulation import PLAIN, Formulation, logits_dtype
+from attention.formulation import PLAIN, Formulation
 
 Array = Any
 

@@ -1,17 +1,14 @@
 """`MultiHeadAttention`: a Flax Linen drop-in for `nn.MultiHeadDotProductAttention` with GQA/MQA.
 
 An adapter: Flax Linen's attributes and call map onto `attention.multihead`, which both faces
-share; the Flax shims are `attention.flax_compat`. With `num_kv_heads == num_heads`,
-`v_head_dim=None` and `fused_qkv=False` the parameter tree is Flax's (`query`/`key`/`value`
-kernels `[D, H, Dk]`, `out` kernel `[H, Dk, Dout]`), so Flax checkpoints load unchanged.
-`MultiHeadDotProductAttention` is the same class under Flax's class name, so an unnamed
-submodule keeps Flax's parameter path (`MultiHeadDotProductAttention_0`) when a model swaps the import.
+share (Flax's shims: `attention.flax_compat`; its class names: `attention.linen_names`). With
+`num_kv_heads == num_heads`, `v_head_dim=None` and `fused_qkv=False` the parameter tree is
+Flax's (`query`/`key`/`value` kernels `[D, H, Dk]`, `out` `[H, Dk, Dout]`): Flax checkpoints load.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +19,6 @@ from attention import beams, family, flax_compat
 from attention import multihead as mh
 from attention.formulation import resolve
 from attention.geometry import HeadGeometry
-from attention.masks import and_masks, structure_mask
 
 Array = Any
 
@@ -30,24 +26,16 @@ Array = Any
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with `num_kv_heads` key/value heads (MHA, GQA or MQA).
 
-    Attributes are Flax's `MultiHeadDotProductAttention` attributes plus those both faces take
-    (docs/attention.md): num_kv_heads (G, dividing num_heads), v_head_dim (d_v), impl (one of
-    `attention.IMPLS`; with `sow_weights`, "auto" runs "vmap"), block_sizes, fused_qkv (one
-    `qkv` kernel `[D, H + 2G, Dk]`, self-attention only), out_kernel_init, attention_type /
-    attention_options (a member of `attention.family`, parameters under its name), formulation
-    (`attention.formulation`; None: the plain one), and:
-      cache_cross_kv: keep the projected keys/values in the `cache` collection and reuse them on
-        later calls (cross-attention decoding): the first `apply` with a mutable `cache` that holds
-        none stores them (not `init`); later calls' `inputs_k`/`inputs_v` are then not read.
+    Attributes: Flax's `MultiHeadDotProductAttention`'s, plus the options both faces take
+    (docs/attention.md: num_kv_heads, v_head_dim, impl, block_sizes, fused_qkv, out_kernel_init,
+    attention_type, attention_options, formulation) and `cache_cross_kv`: keep the projected
+    source keys/values in the `cache` collection (the first `apply` with a mutable `cache` that
+    holds none stores them) and reuse them, not reading `inputs_k`/`inputs_v`: cross-attention decoding.
 
-    `attention_fn`, when given, is called Flax-style in place of `impl`. Softmax always runs in
-    float32 in the built-in paths; `force_fp32_for_softmax` only makes the sown weights float32.
-
-    Decoding (`decode=True`): `init` with the full-length input sizes the cache
-    `[batch..., G, max_length, D]`; each later call appends its L_new >= 1 keys/values at
-    `cache_index` (one position for the batch, as Flax's) and attends causally
-    (`attention.cache`; positions past `max_length` are dropped). Jit the step with the cache donated.
-    Under beam search, a `beam_rows` table in the cache is read in place (`attention.beams`).
+    Decoding (`decode=True`): `init` with the full-length input sizes the cache `[batch..., G,
+    max_length, D]`; each later call appends its L_new >= 1 keys/values at `cache_index` (one
+    position for the batch, as Flax's) and attends causally (`attention.cache`). Under beam
+    search a `beam_rows` table in the cache is read in place (`attention.beams`).
     """
 
     num_heads: int
@@ -114,8 +102,8 @@ class MultiHeadAttention(nn.Module):
             x = beams.history_attention(query, key, value, beam_rows, mask, dtype=self.dtype,
                                         precision=self.precision, formulation=resolve(self.formulation))
         elif self.attention_fn is not None:
-            mask = and_masks(mask, structure_mask(query.shape[-3], key.shape[-3], is_causal, None))
-            x = flax_compat.call_attention_fn(self, query, key, value, mask, deterministic, dropout_rng, sow_weights)
+            x = flax_compat.call_attention_fn(self, query, key, value, mask, is_causal, deterministic, dropout_rng,
+                                              sow_weights)
         else:
             x = mh.exact_heads(
                 query, key, value, sow=self._sow if sow_weights else None, impl=self.impl, **blocks, mask=mask,
@@ -125,8 +113,7 @@ class MultiHeadAttention(nn.Module):
         return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
 
     def _sow(self, weights):  # Flax sows float32 weights under force_fp32_for_softmax
-        self.sow("intermediates", "attention_weights",
-                 weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
+        self.sow("intermediates", "attention_weights", weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
 
     def _output(self, x, inputs_q):
         """Heads `[batch..., Lq, H, d_v]` through W^O."""
@@ -143,24 +130,10 @@ class MultiHeadAttention(nn.Module):
         spec = mh.check_member_call(type(self).__name__, self, geometry, is_self=inputs_k is inputs_q and inputs_v is
                                     inputs_q, values_are_keys=inputs_v is inputs_k, causal=causal, decode=self.decode,
                                     sow_weights=sow_weights)
-        module = family.instantiate(
-            self.attention_type, options, dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
-            formulation=self.formulation, impl=self.impl, decode=self.decode, kernel_init=self.kernel_init,
-            use_bias=self.use_bias, num_heads=geometry.num_heads, head_dim=geometry.head_dim,
-            v_head_dim=geometry.v_head_dim,
-        )
-        run = functools.partial(mh.member_heads, module, num_heads=self.num_heads, batch=inputs_q.shape[:-2],
-                                is_causal=causal)
-        if spec.projects:
-            return run((inputs_q, inputs_k), mask, bool_mask=not self.decode)
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry, shared_qk=spec.shared_qk)
-        step, extra = None, {}
-        if self.decode and spec.decode == "kv_cache":
-            step, beam_rows = self._use_cache(key, value, mask, spec.beams_in_place)
-            extra = {} if beam_rows is None else {"beam_rows": beam_rows}
-        if step is not None:
-            key, value, mask, extra["query_offset"] = step.key, step.value, step.mask, step.offset
-        return run((query, key, value), mask, **extra)
+        module = mh.make_member(self, options, geometry, decode=self.decode, kernel_init=self.kernel_init)
+        project = functools.partial(self._project, geometry=geometry)
+        return mh.family_heads(spec, module, project, self._use_cache, (inputs_q, inputs_k, inputs_v), mask,
+                               num_heads=self.num_heads, causal=causal, decode=self.decode)
 
     def _check_config(self, inputs_q, is_self_attention):
         """Validate the attributes; return the resolved `HeadGeometry` and `attend`'s block sizes."""
@@ -176,9 +149,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv "
                              "keeps a source's keys/values (cross-attention), decode appends to a growing "
                              "self-attention cache")
-        if (self.qk_attn_weights_einsum_cls or self.attn_weights_value_einsum_cls) and self.attention_fn is None:
-            raise ValueError("qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
-                             "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too")
+        flax_compat.check_einsum_cls(self)
         return geometry, blocks
 
     def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):
@@ -204,59 +175,26 @@ class MultiHeadAttention(nn.Module):
         return norm(name="query_ln")(query), norm(name="key_ln")(key), value
 
     def _cross_kv(self, project_kv):
-        """(key, value) read from the cache, or projected and stored if the cache is being filled (`cache_cross_kv`).
-
-        Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back to
-        the caller's layout and the attention's own cancel, so no step transposes the source again.
-        """
-        swap = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
-        if self.has_variable("cache", "cross_key"):
-            return swap(self.get_variable("cache", "cross_key")), swap(self.get_variable("cache", "cross_value"))
-        key, value = project_kv()
-        if self.is_mutable_collection("cache") and not self.is_initializing():
-            self.put_variable("cache", "cross_key", swap(key))
-            self.put_variable("cache", "cross_value", swap(value))
-        return key, value
+        """(key, value) from the cache if stored (`cache_cross_kv`), else projected, and stored if the cache is being filled."""
+        stored = tuple(self.get_variable("cache", n) for n in mh.CROSS_KV) if self.has_variable("cache", "cross_key") else None
+        fill = self.is_mutable_collection("cache") and not self.is_initializing()
+        return mh.cross_kv(stored, project_kv, functools.partial(self.put_variable, "cache") if fill else None)
 
     def _use_cache(self, key, value, mask, beams_in_place):
         """`multihead.decode_step` over the `cache` collection -> (`cache.Step`, beam_rows); (None, None) at init."""
-        is_initialized = self.has_variable("cache", "cached_key")
+        initialized = self.has_variable("cache", "cached_key")
         heads_first = lambda x: (*x.shape[:-3], x.shape[-2], x.shape[-3], x.shape[-1])  # noqa: E731
         dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
-        variables = (self.variable("cache", "cached_key", jnp.zeros, heads_first(key), dtype),
-                     self.variable("cache", "cached_value", jnp.zeros, heads_first(value), dtype),
-                     self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32)))
-        if not is_initialized:  # init: size the cache, attend over the inputs as usual
+        variables = [self.variable("cache", f"cached_{n}", jnp.zeros, heads_first(x), dtype)
+                     for n, x in (("key", key), ("value", value))]
+        variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32)))
+        if not initialized:  # init: size the cache, attend over the inputs as usual
             return None, None
-        beam_rows = self.get_variable("cache", beams.ROWS) if self.has_variable("cache", beams.ROWS) else None
-        if beam_rows is not None:  # tells beam search this cache was read through the table (attention.beams)
+        rows = self.get_variable("cache", beams.ROWS) if self.has_variable("cache", beams.ROWS) else None
+        if rows is not None:  # tells beam search this cache was read through the table (attention.beams)
             self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
-        step, beam_rows = mh.decode_step(tuple(v.value for v in variables), key, value, mask, num_heads=self.num_heads,
-                                         formulation=resolve(self.formulation), beam_rows=beam_rows,
-                                         beams_in_place=beams_in_place)
+        step, rows = mh.decode_step(tuple(v.value for v in variables), key, value, mask, num_heads=self.num_heads,
+                                    formulation=resolve(self.formulation), beam_rows=rows, beams_in_place=beams_in_place)
         for variable, new in zip(variables, step[:3]):
             variable.value = new
-        return step, beam_rows
-
-
-class MultiHeadDotProductAttention(MultiHeadAttention):
-    """`MultiHeadAttention` under Flax's class name: unnamed instances get Flax's parameter paths."""
-
-
-class SelfAttention(MultiHeadDotProductAttention):
-    """Flax's `nn.SelfAttention`: self-attention with `mask` as the second positional argument.
-
-    Deprecated in Flax, and it warns as Flax's does; use `MultiHeadDotProductAttention(x)`.
-    """
-
-    @nn.compact
-    def __call__(self, inputs_q: Array, mask: Array | None = None, deterministic: bool | None = None,  # type: ignore[override]
-                 dropout_rng: Array | None = None, sow_weights: bool = False, **kwargs) -> Array:
-        """`inputs_q [batch..., L, D]` -> `[batch..., L, out_features or D]`; kwargs: head_mask, is_causal."""
-        warnings.warn(
-            "SelfAttention will be deprecated soon. Use `MultiHeadDotProductAttention.__call__(inputs_q)` instead. "
-            "See https://github.com/google/flax/discussions/3389 for more information.",
-            DeprecationWarning, stacklevel=2,
-        )
-        return super().__call__(inputs_q, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
-                                sow_weights=sow_weights, **kwargs)
+        return step, rows

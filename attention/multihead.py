@@ -10,8 +10,12 @@ sown weights, the decode-cache step with beam search's reads (`attention.cache`,
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
+
+import jax.numpy as jnp
 
 from attention import beams, cache, family
 from attention.checks import is_positive_int
@@ -77,6 +81,25 @@ def decode_step(state: tuple, key: Array, value: Array, mask: Array | None, *, n
                          value=beams.gather_history(step.value, beam_rows)), None
 
 
+CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
+
+
+def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None) -> tuple:
+    """A cross-attention's (key, value) `[batch..., Ls, G, D]`: `stored` ones, else `project_kv()`, then `store(name, x)`-ed.
+
+    Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back
+    to the caller's layout and the attention's own cancel, so no step transposes the source again.
+    """
+    swap = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
+    if stored is not None:
+        return tuple(map(swap, stored))
+    key, value = project_kv()
+    if store is not None:
+        for name, x in zip(CROSS_KV, (key, value)):
+            store(name, swap(x))
+    return key, value
+
+
 def member_heads(call: Callable, inputs: tuple, mask: Array | None, *, num_heads: int, batch: tuple,
                  bool_mask: bool = True, **kwargs) -> Array:
     """A family member on `inputs` (`[batch..., L, ...]` each) with the batch axes flattened, as members take them.
@@ -90,6 +113,37 @@ def member_heads(call: Callable, inputs: tuple, mask: Array | None, *, num_heads
         mask = flatten_batch(as_bool_mask("mask", mask, (*batch, num_heads, Lq, Lk)), batch)
     x = call(*(x.reshape(-1, *x.shape[n:]) for x in inputs), mask=mask, **kwargs)
     return x.reshape(*batch, *x.shape[1:])
+
+
+def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Callable):
+    """The `layer.attention_type` member's Linen module, filled from the layer's settings."""
+    return family.instantiate(
+        layer.attention_type, options, dtype=layer.dtype, param_dtype=layer.param_dtype, precision=layer.precision,
+        formulation=layer.formulation, impl=layer.impl, decode=decode, kernel_init=kernel_init,
+        use_bias=layer.use_bias, **dataclasses.asdict(geometry))
+
+
+def family_heads(spec, member: Callable, project: Callable, use_cache: Callable, inputs: tuple, mask: Array | None, *,
+                 num_heads: int, causal: bool, decode: bool, **member_kwargs) -> Array:
+    """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, checked by `check_member_call`).
+
+    `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
+    beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
+    """
+    run = functools.partial(member_heads, member, num_heads=num_heads, batch=inputs[0].shape[:-2], is_causal=causal,
+                            **member_kwargs)
+    if spec.projects:
+        return run(inputs[:2], mask, bool_mask=not decode)
+    query, key, value = project(*inputs, shared_qk=spec.shared_qk)
+    extra = {}
+    if decode and spec.decode == "kv_cache":
+        step, beam_rows = use_cache(key, value, mask, spec.beams_in_place)
+        if step is not None:  # None: the Linen layer's init, which only sizes the cache
+            key, value, mask = step.key, step.value, step.mask
+            extra["query_offset"] = step.offset.reshape(-1) if step.offset.ndim else step.offset
+        if beam_rows is not None:
+            extra["beam_rows"] = beam_rows
+    return run((query, key, value), mask, **extra)
 
 
 def check_member_call(owner: str, layer, geometry, *, is_self: bool, values_are_keys: bool, causal: bool,

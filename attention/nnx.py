@@ -1,27 +1,20 @@
-"""`MultiHeadAttention` as a `flax.nnx` module: a drop-in for `flax.nnx.MultiHeadAttention`.
+"""`MultiHeadAttention` as a `flax.nnx` module: a drop-in for `flax.nnx.MultiHeadAttention` (0.12).
 
 An adapter: Flax NNX's constructor and call map onto `attention.multihead`, which the Linen layer
-(`attention.layer`) shares; the Flax shims are `attention.flax_compat`. The same constructor,
-call signature, `init_cache` / `set_view` and `nnx.Param` paths and shapes as Flax's (0.12), so
-Flax NNX code and checkpoints run unchanged. On top: the options both faces take
-(docs/attention.md), a `head_mask` call argument, and a decode cache that takes a multi-token
-prompt in one call and keeps one position per sequence (`lengths`), so prompts of different
-lengths decode together.
+shares (Flax's shims: `attention.flax_compat`), under Flax's `nnx.Param` paths and shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-from flax.nnx.module import first_from
 from flax.nnx.nn import dtypes, initializers
 from flax.nnx.nn.linear import default_kernel_init
 
@@ -36,21 +29,14 @@ Array = Any
 _EMPTY = MappingProxyType({})
 
 
-class MultiHeadAttention(nnx.Module):
+class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
     """Multi-head attention with `num_kv_heads` key/value heads (MHA, GQA or MQA).
 
-    Arguments are `flax.nnx.MultiHeadAttention`'s plus, keyword-only, those both faces take
-    (docs/attention.md): impl (used when `attention_fn` is None, the default), block_sizes,
-    fused_qkv, v_head_dim, attention_type / attention_options (the member's Linen module wrapped
-    by `nnx.bridge.ToNNX`, under the Linen layer's parameter paths; projections it does not use
-    are not made), formulation (`attention.formulation`; None: the plain one).
-
-    Decoding: `init_cache(input_shape)` (or `nnx.view(layer, decode=True, batch_size=...,
-    max_length=...)`) allocates `cached_key [batch..., G, max_length, d_k]`, `cached_value` and
-    `cache_index [batch...]`. Each call with `decode=True` appends its L_new >= 1 tokens at each
-    sequence's index and attends causally (`attention.cache`); `lengths [batch...]` says how
-    many are real per sequence. Members with their own state (performer, mla) allocate it in
-    `init_cache` / `set_view` and decode every sequence at one position.
+    Arguments: `flax.nnx.MultiHeadAttention`'s, plus, keyword-only, the options both faces take
+    (docs/attention.md); a family member is its Linen module wrapped by `nnx.bridge.ToNNX`.
+    Decoding: `init_cache` / `nnx.view(..., decode=True)` allocate `cached_key [batch..., G,
+    max_length, d_k]`, `cached_value` and `cache_index [batch...]`, one position per sequence
+    (`attention.cache`); a call's `lengths [batch...]` says how many new tokens are real.
     """
 
     def __init__(
@@ -79,8 +65,7 @@ class MultiHeadAttention(nnx.Module):
             x if x is not None else in_features for x in (qkv_features, out_features, in_kv_features))
         geometry = HeadGeometry.resolve(num_heads, num_kv_heads=num_kv_heads, v_head_dim=v_head_dim,
                                         features=self.qkv_features, features_name="qkv_features", owner=owner)
-        H, G, d_k, d_v = dataclasses.astuple(geometry)
-        self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim = H, G, d_k, d_v
+        self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim = dataclasses.astuple(geometry)
         self.blocks = mh.check_settings(owner, geometry, impl=impl, block_sizes=block_sizes, fused_qkv=fused_qkv,
                                         dropout_rate=dropout_rate)
         require(owner, "in_kv_features", self.in_kv_features, not fused_qkv or self.in_kv_features == in_features,
@@ -100,13 +85,27 @@ class MultiHeadAttention(nnx.Module):
         if spec is not None:  # what can be refused before a call is refused here
             mh.check_member_call(type(self).__name__, self, geometry, is_self=True, values_are_keys=True,
                                  causal=False, decode=bool(decode), sow_weights=False)
-        # created in Flax's order (query, key, value, norms, out, dropout stream): the same rngs give the same parameters
+        self._make_layers(spec, geometry, options, rngs, kernel_init=kernel_init, bias_init=bias_init,
+                          out_kernel_init=out_kernel_init or kernel_init, out_bias_init=out_bias_init or bias_init,
+                          kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
+                          out_kernel_metadata=out_kernel_metadata or kernel_metadata,
+                          out_bias_metadata=out_bias_metadata or bias_metadata, query_ln=query_ln_scale_metadata,
+                          key_ln=key_ln_scale_metadata)
+        self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
+        self.cached_key, self.cached_value, self.cache_index = nnx.data(None), nnx.data(None), nnx.data(None)
+
+    def _make_layers(self, spec, geometry, options, rngs, *, kernel_init, bias_init, out_kernel_init, out_bias_init,
+                     kernel_metadata, bias_metadata, out_kernel_metadata, out_bias_metadata, query_ln, key_ln):
+        """The projections, the member, the norms and W^O in Flax's order: the same rngs give the same parameters."""
+        H, G, d_k, d_v = dataclasses.astuple(geometry)
+        common = dict(dtype=self.dtype, param_dtype=self.param_dtype, use_bias=self.use_bias, precision=self.precision,
+                      rngs=rngs)
         linear = functools.partial(
-            nnx.LinearGeneral, dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
-            use_bias=use_bias, precision=precision, promote_dtype=qkv_promote_dtype, dot_general=qkv_dot_general,
-            dot_general_cls=qkv_dot_general_cls, kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
-            rngs=rngs)
-        if fused_qkv:
+            nnx.LinearGeneral, kernel_init=kernel_init, bias_init=bias_init, promote_dtype=self.qkv_promote_dtype,
+            dot_general=self.qkv_dot_general, dot_general_cls=self.qkv_dot_general_cls,
+            kernel_metadata=kernel_metadata, bias_metadata=bias_metadata, **common)
+        in_features = self.in_features
+        if self.fused_qkv:
             self.qkv = linear(in_features, out_features=(H + 2 * G, d_k))
         elif spec is None or not spec.projects:
             self.query = linear(in_features, out_features=(H, d_k))
@@ -114,24 +113,18 @@ class MultiHeadAttention(nnx.Module):
                 self.key = linear(self.in_kv_features, out_features=(G, d_k))
             self.value = linear(self.in_kv_features, out_features=(G, d_v))
         if spec is not None:
-            member = nnx.bridge.ToNNX(family.instantiate(
-                attention_type, options, dtype=dtype, param_dtype=param_dtype, precision=precision,
-                formulation=formulation, impl=impl, decode=False, kernel_init=kernel_init, use_bias=use_bias,
-                num_heads=H, head_dim=d_k, v_head_dim=d_v))
+            member = nnx.bridge.ToNNX(mh.make_member(self, options, geometry, decode=False, kernel_init=kernel_init))
             nnx.bridge.lazy_init(member, *map(jnp.zeros, self._member_input_shapes(spec, (1,), 1)), rngs=rngs.params())
-            setattr(self, attention_type, member)
-        norm = functools.partial(nnx.LayerNorm, d_k, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                                 promote_dtype=ln_promote_dtype, rngs=rngs)
-        self.query_ln = norm(scale_metadata=query_ln_scale_metadata) if normalize_qk else nnx.data(None)
-        self.key_ln = norm(scale_metadata=key_ln_scale_metadata) if normalize_qk else nnx.data(None)
+            setattr(self, self.attention_type, member)
+        norm = functools.partial(nnx.LayerNorm, d_k, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                                 promote_dtype=self.ln_promote_dtype, rngs=rngs)
+        self.query_ln = norm(scale_metadata=query_ln) if self.normalize_qk else nnx.data(None)
+        self.key_ln = norm(scale_metadata=key_ln) if self.normalize_qk else nnx.data(None)
         self.out = nnx.LinearGeneral(
-            in_features=(H, d_v), out_features=self.out_features, axis=(-2, -1), kernel_init=out_kernel_init or
-            kernel_init, bias_init=out_bias_init or bias_init, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-            precision=precision, promote_dtype=out_promote_dtype, dot_general=out_dot_general,
-            dot_general_cls=out_dot_general_cls, rngs=rngs, kernel_metadata=out_kernel_metadata or kernel_metadata,
-            bias_metadata=out_bias_metadata or bias_metadata)
-        self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
-        self.cached_key, self.cached_value, self.cache_index = nnx.data(None), nnx.data(None), nnx.data(None)
+            in_features=(H, d_v), out_features=self.out_features, axis=(-2, -1), kernel_init=out_kernel_init,
+            bias_init=out_bias_init, promote_dtype=self.out_promote_dtype, dot_general=self.out_dot_general,
+            dot_general_cls=self.out_dot_general_cls, kernel_metadata=out_kernel_metadata,
+            bias_metadata=out_bias_metadata, **common)
 
     def __call__(
         self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,
@@ -146,23 +139,17 @@ class MultiHeadAttention(nnx.Module):
         W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`).
         """
         inputs_k, inputs_v = flax_compat.resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
-        require("", "inputs_q features", inputs_q.shape[-1], inputs_q.shape[-1] == self.in_features,
-                f"in_features = {self.in_features} (shape {inputs_q.shape})")
         decode = bool(decode if decode is not None else self.decode)
-        if lengths is not None and not decode:
-            raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
-        if input_positions is not None and self.attention_fn is None:
-            raise ValueError("input_positions is forwarded to attention_fn, and attention_fn is None; set an "
-                             "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)")
+        flax_compat.check_nnx_call(self, inputs_q, decode, lengths, input_positions)
         if self.attention_type != "softmax":
             x = self._family_attention(inputs_q, inputs_k, inputs_v, mask, is_causal, decode, lengths, sow_weights,
                                        qkv_sharding)
             return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, qkv_sharding)
+        query, key, value = self._project(inputs_q, inputs_k, inputs_v, sharding=qkv_sharding)
         if decode:  # the cache mask is causal, at each sequence's offset
             step = self._use_cache(key, value, mask, lengths)
             key, value, mask, is_causal = step.key, step.value, step.mask, False
-        deterministic, dropout_rng = self._dropout(deterministic, rngs)
+        deterministic, dropout_rng = flax_compat.nnx_dropout(self, deterministic, rngs)
         options = dict(mask=mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic,
                        broadcast_dropout=self.broadcast_dropout, dtype=self.dtype, precision=self.precision)
         if self.attention_fn is not None:
@@ -175,21 +162,6 @@ class MultiHeadAttention(nnx.Module):
                                is_causal=is_causal, formulation=self.formulation)
         return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
 
-    def _dropout(self, deterministic, rngs):
-        """(deterministic, the dropout key or None), as Flax's layer resolves them."""
-        if self.dropout_rate == 0.0:
-            return True, None
-        deterministic = first_from(deterministic, self.deterministic, error_msg=(
-            "No `deterministic` argument was provided to MultiHeadAttention as either a __call__ argument or class "
-            "attribute (it is needed when dropout_rate > 0)."))
-        rngs = self.rngs if rngs is None else rngs.dropout if isinstance(rngs, nnx.Rngs) else rngs
-        if deterministic:
-            return True, None
-        if rngs is None:
-            raise ValueError("rngs must be provided to __call__ when dropout is on and the layer was built with "
-                             "keep_rngs=False")
-        return False, rngs()
-
     def _family_attention(self, inputs_q, inputs_k, inputs_v, mask, is_causal, decode, lengths, sow_weights, sharding):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
         name, causal = self.attention_type, is_causal or decode
@@ -199,34 +171,20 @@ class MultiHeadAttention(nnx.Module):
                                     sow_weights=sow_weights)
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
-        if spec.decode == "state" and decode != own_state:
-            raise ValueError(f"decode=True with attention_type={name!r} needs the member's state: call "
-                             "init_cache(input_shape) or nnx.view(layer, decode=True, batch_size=..., max_length=...) "
-                             "first" if decode else f"decode=False with attention_type={name!r} after init_cache / "
-                             "set_view(decode=True): the member is in decoding mode; run the full pass on a layer "
-                             "without the decode view")
-        if own_state and lengths is not None:
-            raise ValueError(f"lengths with attention_type={name!r}: its decode state keeps one position for the "
-                             "whole batch; leave lengths None (per-sequence lengths need a KV-cache member)")
-        run = functools.partial(mh.member_heads, member, num_heads=self.num_heads, batch=inputs_q.shape[:-2],
-                                is_causal=causal, mutable=["cache"] if own_state else False)
-        if spec.projects:  # ToNNX keeps the updated state and returns the output
-            return run((inputs_q, inputs_k), mask, bool_mask=not decode)
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, sharding, shared_qk=spec.shared_qk)
-        offset = 0
-        if decode and spec.decode == "kv_cache":
-            step = self._use_cache(key, value, mask, lengths)
-            key, value, mask, offset = step.key, step.value, step.mask, step.offset.reshape(-1)
-        return run((query, key, value), mask, query_offset=offset)
+        family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
+        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)  # noqa: E731
+        return mh.family_heads(spec, member, functools.partial(self._project, sharding=sharding), use_cache,
+                               (inputs_q, inputs_k, inputs_v), mask, num_heads=self.num_heads, causal=causal,
+                               decode=decode, mutable=["cache"] if own_state else False)  # ToNNX keeps the new state
 
     def _member_input_shapes(self, spec, batch, length):
         """Shapes `[B, length, ...]` of the member's call inputs (B = prod(batch)): what its Linen init needs."""
-        B, H, G = math.prod(batch), self.num_heads, self.num_kv_heads
+        B, H, G = int(np.prod(batch)), self.num_heads, self.num_kv_heads
         if spec.projects:
             return (B, length, self.in_features), (B, length, self.in_kv_features)
         return (B, length, H, self.head_dim), (B, length, G, self.head_dim), (B, length, G, self.v_head_dim)
 
-    def _project(self, inputs_q, inputs_k, inputs_v, sharding, shared_qk=False):
+    def _project(self, inputs_q, inputs_k, inputs_v, sharding=None, shared_qk=False):
         """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q when `shared_qk`), v `[batch..., Lk, G, d_v]`; qk-normed."""
         if self.fused_qkv:
             mh.check_fused_inputs(True, inputs_k is inputs_q and inputs_v is inputs_q)
@@ -252,30 +210,6 @@ class MultiHeadAttention(nnx.Module):
             variable[...] = new
         return step
 
-    def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
-        """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
-        if len(input_shape) < 2:
-            raise ValueError(f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}")
-        self._allocate(tuple(input_shape[:-2]), input_shape[-2], dtype)
-
-    def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
-                 batch_size: int | tuple[int, ...] | None = None, max_length: int | None = None):
-        """Used by `nnx.view`: set modes; with `decode=True`, allocate the cache if it is missing or sized here."""
-        self.deterministic = self.deterministic if deterministic is None else deterministic
-        self.decode = self.decode if decode is None else decode
-        if not decode or (self._has_cache() and batch_size is None and max_length is None):
-            return
-        if batch_size is None or max_length is None:
-            raise ValueError(f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
-                             f"batch_size={batch_size!r}, max_length={max_length!r}")
-        self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
-
-    def _has_cache(self):
-        spec = family.member(self.attention_type)
-        if spec is not None and spec.decode == "state":
-            return getattr(self, self.attention_type).to_nnx__module.decode
-        return self.cached_key is not None
-
     def _allocate(self, batch, max_length, dtype):
         if not all(map(is_positive_int, (*batch, max_length))):
             raise ValueError(f"the cache needs positive int batch sizes and max_length, got batch {batch}, "
@@ -283,12 +217,10 @@ class MultiHeadAttention(nnx.Module):
         spec = family.member(self.attention_type)
         if spec is not None and spec.decode == "state":  # the member's own state, shaped by its Linen init
             member = getattr(self, self.attention_type)
-            module = member.to_nnx__module.clone(decode=True)
-            inputs = [jax.ShapeDtypeStruct(s, jnp.float32) for s in self._member_input_shapes(spec, batch, max_length)]
-            state = jax.eval_shape(lambda *x: module.init(jax.random.key(0), *x)["cache"], *inputs)
-            for name, leaf in state.items():
-                setattr(member, name, nnx.Cache(jnp.zeros(leaf.shape, leaf.dtype)))
-            member.to_nnx__module = module
+            member.to_nnx__module, state = family.decode_state(member.to_nnx__module,
+                                                               self._member_input_shapes(spec, batch, max_length))
+            for name, zeros in state.items():
+                setattr(member, name, nnx.Cache(zeros))
             return
         G = self.num_kv_heads
         self.cached_key = nnx.Cache(jnp.zeros((*batch, G, max_length, self.head_dim), dtype))
