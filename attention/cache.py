@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from attention.formulation import PLAIN, Formulation
-from attention.masks import and_masks, as_bool_mask
+from attention.masks import allowed_by_position, and_masks, as_bool_mask
 
 Array = Any
 
@@ -89,5 +89,4 @@ def causal_mask(index: Array, new_length: int, max_length: int) -> Array:
     steps = jnp.arange(new_length, dtype=index.dtype).reshape((1,) * index.ndim + (new_length,))
     query_positions = index[..., None] + steps  # [batch..., L_new]
     keys = jnp.arange(max_length, dtype=index.dtype).reshape((1,) * (index.ndim + 1) + (max_length,))
-    mask = keys <= query_positions[..., None]
-    return mask[..., None, :, :]
+    return allowed_by_position(query_positions[..., None], keys, True)[..., None, :, :]
