@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attention.formulation import PLAIN, Formulation, logits_dtype
+from attention.formulation import Formulation, logits_dtype, resolve
 
 Array = Any
 ROWS = "beam_rows"  # the table, beside a layer's `cached_key` in the `cache` collection
@@ -55,7 +55,7 @@ def gather_history(x: Array, beam_rows: Array) -> Array:
 
 def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, mask: Array,
                       dtype: Any = None, precision: Any = None, bias: Array | None = None,
-                      formulation: Formulation = PLAIN) -> Array:
+                      formulation: Formulation | None = None) -> Array:
     """Each beam's queries attend its own history in the shared cache.
 
     query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's
@@ -78,7 +78,7 @@ def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, 
                                (B, K, G, K * Lq * R, Dk))
     # materialised where the backend asks (it is small): on XLA:CPU a broadcast lets XLA drop j from
     # the product's batch axes, and then it transposes the whole cache to [B, G, K L, D] every step
-    queries = formulation.materialize(queries)
+    queries = resolve(formulation).materialize(queries)
     keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
     logits = jnp.einsum("bjgmd,bjgpd->bjgmp", queries, keys, precision=precision,
                         preferred_element_type=logits_dtype(dtype))

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from attention.formulation import PLAIN, Formulation
+from attention.formulation import Formulation, resolve
 from attention.masks import allowed_by_position, and_masks, as_bool_mask
 
 Array = Any
@@ -34,7 +34,7 @@ class Step(NamedTuple):
 
 
 def step(cached_key: Array, cached_value: Array, index: Array, key: Array, value: Array, mask: Array | None, *,
-         num_heads: int, lengths: Array | None = None, formulation: Formulation = PLAIN) -> Step:
+         num_heads: int, lengths: Array | None = None, formulation: Formulation | None = None) -> Step:
     """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
 
     mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
@@ -48,7 +48,7 @@ def step(cached_key: Array, cached_value: Array, index: Array, key: Array, value
                          f"got keys {key.shape} (at most {max_length} new positions)")
     advance = _advance(lengths, index, batch, new_length)
     mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
-    written = formulation.materialize((write(cached_key, key, index), write(cached_value, value, index)))
+    written = resolve(formulation).materialize((write(cached_key, key, index), write(cached_value, value, index)))
     mask = and_masks(mask, causal_mask(index, new_length, max_length))
     to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731 (attend's grouping undoes it: XLA folds the pair)
     return Step(*written, index + advance, *map(to_caller, written), mask, index)
