@@ -1,13 +1,16 @@
 """headcount's attention: one-head scaled dot-product attention vmapped into MHA / GQA / MQA."""
 
 from attention.core import IMPLS, attend, choose_impl, dot_product_attention
+from attention.formulation import Formulation
 from attention.geometry import HeadGeometry
-from attention.layer import MultiHeadAttention, MultiHeadDotProductAttention, SelfAttention
+from attention.layer import MultiHeadAttention
+from attention.linen_names import MultiHeadDotProductAttention, SelfAttention
 from attention.masks import combine_masks, make_attention_mask, make_causal_mask, make_padding_mask
 
 from attention import nnx  # attention.nnx.MultiHeadAttention: the flax.nnx layer
 
 __all__ = [
+    "Formulation",
     "HeadGeometry",
     "IMPLS",
     "MultiHeadAttention",

@@ -29,13 +29,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from attention.head import logits_dtype
+from attention.formulation import Formulation, logits_dtype, resolve
 
 Array = Any
 ROWS = "beam_rows"  # the table, beside a layer's `cached_key` in the `cache` collection
 ROWS_READ = "beam_rows_read"  # what a layer that read its cache through the table adds beside it
+
+
+def check_rows(beam_rows: Array, batch: tuple, max_length: int) -> None:
+    """ValueError unless `beam_rows` is `[sources, beams, max_length]` with sources * beams the cache's one batch axis."""
+    batch = tuple(batch)
+    if (beam_rows.ndim != 3 or len(batch) != 1 or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
+            or beam_rows.shape[2] != max_length):
+        raise ValueError(f"cache beam_rows must be [sources, beams, {max_length}] int with sources * beams = the "
+                         f"batch {batch}, got shape {beam_rows.shape}")
 
 
 def gather_history(x: Array, beam_rows: Array) -> Array:
@@ -46,15 +54,16 @@ def gather_history(x: Array, beam_rows: Array) -> Array:
 
 
 def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, mask: Array,
-                      dtype: Any = None, precision: Any = None, bias: Array | None = None) -> Array:
+                      dtype: Any = None, precision: Any = None, bias: Array | None = None,
+                      formulation: Formulation | None = None) -> Array:
     """Each beam's queries attend its own history in the shared cache.
 
     query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's
     layout); beam_rows `[B, K, L]` int; mask broadcastable to `[B*K, H, Lq, L]` bool (the cache
     positions filled so far, and the caller's mask); bias, if given, broadcastable to the same
     shape, float, added to the logits (a position's offset, as span's log soft mask: it depends
-    on the position in the hypothesis, which is the same in every row). Returns `[B*K, Lq, H, Dv]`
-    in `dtype`.
+    on the position in the hypothesis, which is the same in every row). `formulation.materialize`
+    may keep the query block materialised (`attention.formulation`). Returns `[B*K, Lq, H, Dv]` in `dtype`.
     """
     B, K, L = beam_rows.shape
     _, Lq, H, Dk = query.shape
@@ -67,9 +76,9 @@ def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, 
     queries = (query * jnp.asarray(1 / math.sqrt(Dk), dtype)).reshape(B, K, Lq, G, R, Dk)
     queries = jnp.broadcast_to(queries.transpose(0, 3, 1, 2, 4, 5).reshape(B, 1, G, K * Lq * R, Dk),
                                (B, K, G, K * Lq * R, Dk))
-    # materialised (it is small): a broadcast lets XLA drop j from the product's batch axes, and
-    # then it transposes the whole cache to [B, G, K L, D] every step
-    queries = lax.optimization_barrier(queries)
+    # materialised where the backend asks (it is small): on XLA:CPU a broadcast lets XLA drop j from
+    # the product's batch axes, and then it transposes the whole cache to [B, G, K L, D] every step
+    queries = resolve(formulation).materialize(queries)
     keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
     logits = jnp.einsum("bjgmd,bjgpd->bjgmp", queries, keys, precision=precision,
                         preferred_element_type=logits_dtype(dtype))

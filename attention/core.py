@@ -29,10 +29,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attention.formulation import Formulation, resolve
 from attention.grouped import Options, group_heads, to_grouped
 from attention.impl import IMPLEMENTATIONS
 from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from attention.masks import as_bool_mask, check_float_like, normalize_window
+from attention.checks import is_positive_int
 
 Array = Any
 IMPLS = (*IMPLEMENTATIONS, "auto")
@@ -60,24 +62,23 @@ def attend(
     broadcast_dropout: bool = True,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    formulation: Formulation | None = None,
 ) -> tuple[Array, Array | None]:
     """Multi-head, grouped-query or multi-query attention, and its weights.
 
     Args:
-      query: `[batch..., Lq, H, Dk]`.
-      key: `[batch..., Lk, G, Dk]` with `H % G == 0` (G == H: MHA, 1 < G < H: GQA, G == 1: MQA).
-      value: `[batch..., Lk, G, Dv]`.
+      query, key, value: `[batch..., Lq, H, Dk]`, `[batch..., Lk, G, Dk]`, `[batch..., Lk, G, Dv]`
+        with `H % G == 0` (G == H: MHA, 1 < G < H: GQA, G == 1: MQA).
       mask: broadcastable to `[batch..., H, Lq, Lk]`; bool (True = attend) or, as in Flax,
         numeric with non-zero = attend (`attention.masks`). Additive masks go in `bias`.
       bias: float, broadcastable to `[batch..., H, Lq, Lk]`; added to the logits.
       is_causal: query i attends keys j <= i (top-left aligned, as `jax.nn`). ANDed with `mask`.
       local_window_size: `w` or `(left, right)`: query i attends keys i-left..i+right.
-      impl: one of `IMPLS`.
       dropout_rate, dropout_rng, deterministic, broadcast_dropout: attention-weight dropout,
         as in Flax (`broadcast_dropout` shares one keep-mask over batch and heads).
-      dtype: computation dtype (default: promoted from the inputs).
-      precision: `lax.Precision` (or its name) for the matmuls.
-      block_q, block_k: query / key block lengths of `impl="blockwise"` (clipped to Lq / Lk).
+      dtype, precision: computation dtype (default: promoted from the inputs); the matmuls' `lax.Precision`.
+      impl, block_q, block_k: one of `IMPLS`; blockwise's query / key block lengths (clipped to Lq / Lk).
+      formulation: how vmap spells a head's products (`attention.formulation`; None: plain).
 
     Returns:
       (out `[batch..., Lq, H, Dv]` in `dtype`, weights `[batch..., H, Lq, Lk]` or None).
@@ -85,26 +86,16 @@ def attend(
       implementations (and for "auto" when it picks one of them); unused, they cost nothing
       under `jit`.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     query, key, value, dtype = _cast(query, key, value, dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating) and impl not in ("vmap", "einsum"):
-        if impl != "auto":  # complex: Flax's algebra (q.k without conjugate, complex softmax)
-            raise ValueError(f"complex inputs ({dtype}) need impl='vmap' or 'einsum', got impl={impl!r}")
-        impl = "vmap"
+    impl = _check_impl(impl, dtype)
     batch, (Lq, H, Dk), (Lk, G), Dv = _check_shapes(query, key, value)
     logits_shape = (*batch, H, Lq, Lk)
     mask = as_bool_mask("mask", mask, logits_shape)
     bias = None if bias is None else jnp.asarray(bias)
     check_float_like("bias", bias, logits_shape)
     dropout = _dropout_active(dropout_rate, dropout_rng, deterministic)
-    for name, size in (("block_q", block_q), ("block_k", block_k)):
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"{name} must be a positive int, got {size!r}")
-    options = Options(
-        is_causal, normalize_window(local_window_size), dropout_rate if dropout else 0.0,
-        dropout_rng if dropout else None, broadcast_dropout, precision, block_q, block_k,
-    )
+    options = _options(is_causal, local_window_size, dropout_rate if dropout else 0.0, dropout_rng if dropout else None,
+                       broadcast_dropout, precision, block_q, block_k, formulation)
     if impl == "auto":
         impl = choose_impl(Lq, Lk, dtype, Dk, Dv, dropout, bias is not None,
                            skips_blocks=is_causal or options.window is not None)
@@ -122,6 +113,27 @@ def dot_product_attention(query: Array, key: Array, value: Array, **options: Any
 
 
 dot_product_attention.__signature__ = inspect.signature(attend).replace(return_annotation=Array)
+
+
+def _options(is_causal, local_window_size, dropout_rate, dropout_rng, broadcast_dropout, precision, block_q, block_k,
+             formulation) -> Options:
+    """The checked `Options` every implementation takes."""
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if not is_positive_int(size):
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    return Options(is_causal, normalize_window(local_window_size), dropout_rate, dropout_rng, broadcast_dropout,
+                   precision, block_q, block_k, resolve(formulation))
+
+
+def _check_impl(impl, dtype):
+    """`impl`, checked; "auto" with complex inputs runs "vmap" (Flax's algebra: q.k without conjugate)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if jnp.issubdtype(dtype, jnp.complexfloating) and impl not in ("vmap", "einsum"):
+        if impl != "auto":
+            raise ValueError(f"complex inputs ({dtype}) need impl='vmap' or 'einsum', got impl={impl!r}")
+        return "vmap"
+    return impl
 
 
 def _cast(query, key, value, dtype):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from attention.checks import is_positive_int, require
+
 
 @dataclasses.dataclass(frozen=True)
 class HeadGeometry:
@@ -38,17 +40,17 @@ class HeadGeometry:
         when `head_dim` is None: d_k = features / H, which must divide evenly; errors call it
         `features_name`.
         """
-        _require(owner, "num_heads", num_heads, _is_positive_int(num_heads), "a positive int")
+        require(owner, "num_heads", num_heads, is_positive_int(num_heads), "a positive int")
         for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim)):
-            _require(owner, name, value, value is None or _is_positive_int(value), "None or a positive int")
+            require(owner, name, value, value is None or is_positive_int(value), "None or a positive int")
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        _require(owner, "num_kv_heads", num_kv_heads, num_heads % kv_heads == 0,
+        require(owner, "num_kv_heads", num_kv_heads, num_heads % kv_heads == 0,
                  f"a divisor of num_heads ({num_heads}): num_heads ({num_heads}) must be divisible "
                  f"by num_kv_heads ({kv_heads})")
         if head_dim is None:
-            _require(owner, features_name, features, _is_positive_int(features),
+            require(owner, features_name, features, is_positive_int(features),
                      f"a positive int when head_dim is None (d_k = {features_name} / num_heads)")
-            _require(owner, features_name, features, features % num_heads == 0,
+            require(owner, features_name, features, features % num_heads == 0,
                      f"divisible by num_heads ({num_heads}) when head_dim is None: {features_name} "
                      f"({features}) must be divisible by num_heads ({num_heads})")
             head_dim = features // num_heads
@@ -75,12 +77,3 @@ class HeadGeometry:
     def kv_cache_elements(self) -> int:
         """Cached key + value elements per token per layer: G * (d_k + d_v)."""
         return self.num_kv_heads * (self.head_dim + self.v_head_dim)
-
-
-def _is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _require(owner, name, value, ok, expected):
-    if not ok:
-        raise ValueError(f"{owner}{name} = {value!r}; expected {expected}")

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from attention.formulation import PLAIN
 from attention.masks import and_masks, structure_mask
 
 Array = Any
@@ -36,6 +37,7 @@ class Options(NamedTuple):
     precision: Any
     block_q: int
     block_k: int
+    formulation: Any = PLAIN  # attention.formulation.Formulation: how the products are spelled
 
 
 def to_grouped(query, key, value):

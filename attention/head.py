@@ -14,45 +14,25 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attention.formulation import PLAIN, Formulation
+
 Array = Any
-# A few queries against many keys (a decode step against its cache): logits as (K Qᵀ)ᵀ, so
-# XLA:CPU streams K instead of repacking it (bench/decode.py, results/decode_bench.md).
-FEW_QUERIES_PER_KEY = 1 / 8
 
 
-def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, heads_sharing_kv=1):
+def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, heads_sharing_kv=1,
+                   formulation: Formulation = PLAIN):
     """q `[Lq, d_k]`, k `[Lk, d_k]`, v `[Lk, d_v]`; mask/bias/keep `[Lq|1, Lk|1]` -> (out `[Lq, d_v]`, weights `[Lq, Lk]`).
 
     `keep` is the dropout multiplier (keep-mask / keep_prob); the weights returned are pre-dropout.
-    `heads_sharing_kv`: how many query heads a `vmap` maps over this k/v (GQA's H/G); they batch
-    into a real matrix product, so one query each is not a matrix-vector product.
+    `heads_sharing_kv`: how many query heads a `vmap` maps over this k/v (GQA's H/G).
+    `formulation` spells the two products (`attention.formulation`; plain by default).
     """
     d_k = q.shape[-1]
-    one_narrow_row = heads_sharing_kv == 1 and _one_narrow_row(q)
-    logits = scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision, one_narrow_row)
+    products = dict(precision=precision, heads_sharing_kv=heads_sharing_kv)
+    logits = formulation.scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, **products)
     weights = softmax(logits, mask, bias).astype(v.dtype)
     dropped = weights if keep is None else weights * keep
-    if one_narrow_row:
-        return jnp.sum(dropped.T.astype(jnp.float32) * v.astype(jnp.float32), axis=0, keepdims=True), weights
-    out = jnp.einsum("qk,kd->qd", dropped, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
-    return out, weights
-
-
-def _one_narrow_row(x):
-    """One query in a narrow dtype (a bfloat16 decode step): XLA:CPU computes that matrix-vector product
-    in float32 after converting all of K (or V) in a pass of its own, which doubles a step's cache
-    traffic; a float32 product summed in float32 (exact for bf16 inputs) fuses the conversion into
-    the one read instead (results/kv_decode.md)."""
-    return x.shape[0] == 1 and logits_dtype(x.dtype) != x.dtype
-
-
-def scores(q, k, precision, one_narrow_row=False):
-    """q kᵀ in float32 (at least); computed as (k qᵀ)ᵀ when the queries are few."""
-    if one_narrow_row:
-        return jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)[None]
-    if q.shape[0] <= FEW_QUERIES_PER_KEY * k.shape[0]:
-        return jnp.einsum("kd,qd->kq", k, q, precision=precision, preferred_element_type=logits_dtype(q.dtype)).T
-    return jnp.einsum("qd,kd->qk", q, k, precision=precision, preferred_element_type=logits_dtype(q.dtype))
+    return formulation.mix(dropped, v, **products), weights
 
 
 def softmax(logits, mask, bias):
@@ -62,10 +42,6 @@ def softmax(logits, mask, bias):
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     return jax.nn.softmax(logits, axis=-1)
-
-
-def logits_dtype(dtype):
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 def dropout_multiplier(rate, rng, broadcast, logits_shape, dtype):

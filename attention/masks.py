@@ -61,9 +61,8 @@ def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.bool_
     if x.ndim < 1:
         raise ValueError(f"make_causal_mask: x needs a length axis, got shape {x.shape}")
     positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
-    return make_attention_mask(
-        positions, positions, jnp.greater_equal, extra_batch_dims=extra_batch_dims, dtype=dtype
-    )
+    causal = lambda q, k: allowed_by_position(q, k, True)  # noqa: E731
+    return make_attention_mask(positions, positions, causal, extra_batch_dims=extra_batch_dims, dtype=dtype)
 
 
 def make_padding_mask(
@@ -133,6 +132,23 @@ def and_masks(*masks: Array | None) -> Array | None:
     return _and_all([m.reshape((1,) * (rank - m.ndim) + m.shape) for m in present], jnp.bool_)
 
 
+def allowed_by_position(query_pos: Array, key_pos: Array, is_causal: bool,
+                        window: tuple[int, int] | None = None) -> Array | None:
+    """Where the causal / sliding-window structure lets a query attend a key, by absolute positions.
+
+    query_pos and key_pos broadcast against each other (e.g. `[..., Lq, 1]` and `[..., 1, Lk]`);
+    query i attends key j when j <= i (causal) and i - left <= j <= i + right (window). The one
+    place causal and window masks are built: full passes, blocks, decode caches, members.
+    """
+    allowed = None
+    if is_causal:
+        allowed = key_pos <= query_pos
+    if window is not None:
+        inside = (key_pos >= query_pos - window[0]) & (key_pos <= query_pos + window[1])
+        allowed = inside if allowed is None else allowed & inside
+    return allowed
+
+
 def structure_mask(
     query_length: int,
     key_length: int,
@@ -145,15 +161,8 @@ def structure_mask(
     """
     if not is_causal and local_window_size is None:
         return None
-    query_pos = jnp.arange(query_length)[:, None]
-    key_pos = jnp.arange(key_length)[None, :]
-    mask = jnp.ones((query_length, key_length), dtype=bool)
-    if is_causal:
-        mask &= key_pos <= query_pos
-    if local_window_size is not None:
-        left, right = local_window_size
-        mask &= (key_pos >= query_pos - left) & (key_pos <= query_pos + right)
-    return mask
+    return allowed_by_position(jnp.arange(query_length)[:, None], jnp.arange(key_length)[None, :], is_causal,
+                               local_window_size)
 
 
 def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int, int] | None:

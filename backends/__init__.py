@@ -1,15 +1,24 @@
-"""Backend-specific workarounds, kept out of the model; the training config chooses one and passes it in.
+"""Backend-specific choices, kept out of the model: chosen here, by platform, once; the training config passes them in.
 
-`dense_dot_general(matmul, dtype)` is that choice for the dense layers and the logits:
-  "xla"       -- None: Flax's default `lax.dot_general`;
-  "row_major" -- `xla_cpu_bf16.row_major_dot_general`, whatever the backend;
-  "auto"      -- row_major where it pays: JAX's CPU backend, whatever the compute dtype. In
-                 16 bits whether or not the CPU has native bfloat16 (without it, row_major's
-                 float32 products and elementwise work still ran a bf16 step 1.56x faster than
-                 xla's on a Zen 3); in float32 because XLA:CPU leaves a weight gradient (its left
-                 operand contracting its first dimension) to a slower dot path than row-major
-                 products (base train step 1.10x on a Zen 4; results/code_choices.md).
-                 "xla" on every other backend.
+`model_hooks(matmul, dtype, platform)` is the one place that decides, returning the
+`TransformerConfig` fields:
+  dot_general  -- `dense_dot_general(matmul, dtype, platform)`, for the dense layers and the logits:
+    "xla"       -- None: Flax's default `lax.dot_general`;
+    "row_major" -- `xla_cpu_bf16.row_major_dot_general`, whatever the backend;
+    "auto"      -- row_major where it pays: XLA:CPU, whatever the compute dtype. In 16 bits whether
+                   or not the CPU has native bfloat16 (without it, row_major's float32 products and
+                   elementwise work still ran a bf16 step faster than xla's); in float32 because
+                   XLA:CPU leaves a weight gradient (its left operand contracting its first
+                   dimension) to a slower dot path than row-major products (results/code_choices.md).
+                   "xla" on every other backend.
+  formulation  -- attention's products and cache writes: `xla_cpu.FORMULATION` on the CPU, None
+                  (the plain formulation, `attention.formulation`) elsewhere;
+  dropout_keep -- the dropout keep-mask draw: `xla_cpu.dropout_keep` on the CPU, None (Flax's
+                  `jax.random.bernoulli`) elsewhere.
+
+`platform` is a JAX platform name ("cpu", "cuda", "rocm", "gpu", "tpu"); None means the default
+backend of this process. Lowering for another platform (`jax.export(..., platforms=("cuda",))`)
+takes the hooks chosen for that platform: on a GPU or TPU nothing tuned for XLA:CPU runs.
 """
 
 from __future__ import annotations
@@ -17,22 +26,38 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from backends import xla_cpu_bf16
+from backends import xla_cpu, xla_cpu_bf16
 
 MATMULS = ("auto", "xla", "row_major")
 
 
+def is_cpu(platform: str | None = None) -> bool:
+    """Whether `platform` (default: this process's default backend) is XLA:CPU."""
+    return (platform or jax.default_backend()).lower() == "cpu"
+
+
 @functools.lru_cache(maxsize=None)  # one decision (and one log line) per setting
-def dense_dot_general(matmul: str, dtype) -> Callable | None:
+def dense_dot_general(matmul: str, dtype, platform: str | None = None) -> Callable | None:
     """The `dot_general` for `TransformerConfig.dot_general` (None: `lax.dot_general`)."""
     if matmul not in MATMULS:
         raise ValueError(f"matmul = {matmul!r}; expected one of {MATMULS}")
     if matmul == "auto":
-        pays = jax.default_backend() == "cpu"
+        pays = is_cpu(platform)
         matmul = "row_major" if pays else "xla"
         logging.info("matmul 'auto' -> %r (%s compute on XLA:CPU: %s)", matmul, jnp.dtype(dtype).name, pays)
     return xla_cpu_bf16.row_major_dot_general if matmul == "row_major" else None
+
+
+def model_hooks(matmul: str, dtype, platform: str | None = None) -> dict[str, Any]:
+    """`TransformerConfig`'s backend fields (dot_general, formulation, dropout_keep) for `platform`."""
+    cpu = is_cpu(platform)
+    return {
+        "dot_general": dense_dot_general(matmul, dtype, platform),
+        "formulation": xla_cpu.FORMULATION if cpu else None,
+        "dropout_keep": xla_cpu.dropout_keep if cpu else None,
+    }

@@ -26,10 +26,13 @@ import jax
 import jax.numpy as jnp
 
 import attention
+import backends
 from attention import family
 from bench.timing import CLOCKS, median_ms
 
 BATCH, WIDTH, HEADS = 8, 512, 8
+# the attention formulation training picks for this backend (backends.model_hooks)
+FORMULATION = backends.model_hooks("auto", jnp.float32)["formulation"]
 
 
 def is_index(path) -> bool:
@@ -78,11 +81,13 @@ def main():
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     layers = [("flax MultiHeadDotProductAttention (reference)", HEADS, nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True))]
     for name, kv_heads in (("MHA", HEADS), ("GQA", 2), ("MQA", 1)):
-        layers.append((f"headcount {name}", kv_heads, attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=kv_heads, decode=True)))
+        layers.append((f"headcount {name}", kv_heads, attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=kv_heads, decode=True,
+                                                                                       formulation=FORMULATION)))
     if args.family:
         for name, spec in family.ATTENTION_TYPES.items():
             if spec is not None and spec.decode is not None:
-                layers.append((f"headcount {name}", HEADS, attention.MultiHeadAttention(num_heads=HEADS, decode=True, attention_type=name)))
+                layers.append((f"headcount {name}", HEADS, attention.MultiHeadAttention(num_heads=HEADS, decode=True, attention_type=name,
+                                                                                    formulation=FORMULATION)))
     for length in args.lengths:
         reference = None
         for name, kv_heads, layer in layers:

@@ -7,7 +7,8 @@ Adam update) on a full batch of the reference's geometry, slot tokens/s (target 
 ratio of steps/s to the reference measured on this machine (Flax examples/wmt's step, measured
 with bench/flax_wmt_step.py: small 1.27 steps/s at 20 x 64, base 0.191 steps/s at 32 x 64, both float32, one core), and
 MFU = compiled FLOPs per step / step time / matmul FLOP/s measured in this same run.
-The model's matmuls are chosen as `config.model.matmul = "auto"` chooses them (backends/__init__.py).
+The model's backend hooks (matmuls, attention formulation, dropout draw) are chosen as training chooses them
+(`backends.model_hooks` with `config.model.matmul = "auto"`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def median_seconds(fn, args, reps, clock="wall"):
 def bench(size: str, dtype: str, reps: int):
     sizes, rows, length, ref_steps = SIZES[size]
     config = TransformerConfig(vocab_size=VOCAB, dtype=jnp.dtype(dtype), max_len=length, dropout_rate=0.1,
-                               dot_general=backends.dense_dot_general("auto", jnp.dtype(dtype)), **sizes)
+                               **backends.model_hooks("auto", jnp.dtype(dtype)), **sizes)
     model = Transformer(config)
     rng = np.random.default_rng(0)
     tokens = lambda: rng.integers(4, VOCAB, (rows, length), dtype=np.int32)

@@ -78,6 +78,10 @@ class TransformerConfig:
     attention_options: Mapping[str, Any] = FrozenDict()  # the member's hyper-parameters (attention.family.options_of)
     # the dense layers' and the logits' `lax.dot_general` replacement (None: lax's), e.g. from `backends`
     dot_general: Callable | None = None
+    # attention's products and cache writes (attention.Formulation; None: the plain one), e.g. from `backends`
+    formulation: Any = None
+    # the dropout keep-mask draw (models.dropout.Dropout's `keep`; None: Flax's), e.g. from `backends`
+    dropout_keep: Callable | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "attention_options", FrozenDict(self.attention_options or {}))  # hashable
@@ -108,6 +112,11 @@ class TransformerConfig:
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
         _require("dot_general", self.dot_general, self.dot_general is None or callable(self.dot_general),
                  "None or a lax.dot_general-like function")
+        _require("formulation", self.formulation,
+                 self.formulation is None or isinstance(self.formulation, attention.Formulation),
+                 "None or an attention.Formulation")
+        _require("dropout_keep", self.dropout_keep, self.dropout_keep is None or callable(self.dropout_keep),
+                 "None or a function (rng, rate, shape) -> (keep mask, keep probability)")
         _require("activation", self.activation, self.activation in ACTIVATIONS, f"one of {sorted(ACTIVATIONS)}")
         _require("attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS,
                  f"one of {attention.IMPLS}")
@@ -213,7 +222,7 @@ def _attention(layer, train, name, decode=False, causal=False, cross=False):
         dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode and not cross,
         cache_cross_kv=decode and cross,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
-        qkv_dot_general=config.dot_general, out_dot_general=config.dot_general,
+        qkv_dot_general=config.dot_general, out_dot_general=config.dot_general, formulation=config.formulation,
         dtype=config.dtype, param_dtype=config.param_dtype, attention_type=attention_type,
         attention_options=config.attention_options if serves and attention_type != "softmax" else None, name=name,
     )
@@ -225,7 +234,7 @@ def _attention(layer, train, name, decode=False, causal=False, cross=False):
 def _residual(config, sublayer, x, train, norm_name):
     """Pre-LN: x + drop(f(LN(x))); post-LN: LN(x + drop(f(x)))."""
     norm = nn.LayerNorm(dtype=config.dtype, param_dtype=config.param_dtype, name=norm_name)
-    drop = Dropout(config.dropout_rate, deterministic=not train)
+    drop = Dropout(config.dropout_rate, deterministic=not train, keep=config.dropout_keep)
     if config.pre_ln:
         return x + drop(sublayer(norm(x)))
     return norm(x + drop(sublayer(x)))
@@ -243,7 +252,7 @@ def _embed(config, embed, tokens, positions, train):
     table = jnp.asarray(sinusoidal_positions(config.max_len, config.d_model), config.dtype)
     position_codes = table[positions]
     x = embed(tokens) * math.sqrt(config.d_model) + (position_codes if positions.ndim == 2 else position_codes[None])
-    return Dropout(config.dropout_rate, deterministic=not train)(x)
+    return Dropout(config.dropout_rate, deterministic=not train, keep=config.dropout_keep)(x)
 
 
 class MlpBlock(nn.Module):
@@ -350,7 +359,7 @@ class Decoder(nn.Module):
         """Positions [length] of the fed tokens: 0.. in a full pass, the cache's counter onwards when decoding.
 
         Feeding more tokens than the cache was sized for is not checked (under jit the
-        position lookup clamps, as the attention cache does).
+        position lookup clamps; the attention cache drops the positions past its end).
         """
         if not decode:
             return jnp.arange(length)

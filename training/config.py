@@ -146,8 +146,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int, dtype: str 
     """
     dtype = dtype or precision.resolve(config.model.dtype, compile_cache.cache_dir(config.compilation_cache_dir),
                                        matmul=config.model.matmul)
-    dot_general = backends.dense_dot_general(config.model.matmul, DTYPES[dtype])
-    return dataclasses.replace(_model_fields(config, vocab_size, dtype), dot_general=dot_general)
+    hooks = backends.model_hooks(config.model.matmul, DTYPES[dtype])  # dot_general, formulation, dropout_keep
+    return dataclasses.replace(_model_fields(config, vocab_size, dtype), **hooks)
 
 
 def _model_fields(config: ml_collections.ConfigDict, vocab_size: int, dtype: str = "float32") -> TransformerConfig:

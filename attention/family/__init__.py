@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
 from attention.family.bigbird import BigBird
 from attention.family.entmax import Entmax
 from attention.family.linformer import Linformer
@@ -86,6 +89,27 @@ def check_call(owner: str, attention_type: str, geometry, *, is_self: bool, valu
         if bad:
             raise ValueError(f"{owner}.{field} with attention_type={attention_type!r}; expected {expected}")
     return spec
+
+
+def check_state_decode(attention_type: str, spec: Member, *, decode: bool, in_decode_mode: bool, lengths) -> None:
+    """A member with its own decode state (`spec.decode == "state"`) decodes in that mode only, one position for all."""
+    if spec.decode == "state" and decode != in_decode_mode:
+        raise ValueError(f"decode=True with attention_type={attention_type!r} needs the member's state: call "
+                         "init_cache(input_shape) or nnx.view(layer, decode=True, batch_size=..., max_length=...) "
+                         "first" if decode else f"decode=False with attention_type={attention_type!r} after "
+                         "init_cache / set_view(decode=True): the member is in decoding mode; run the full pass "
+                         "on a layer without the decode view")
+    if in_decode_mode and lengths is not None:
+        raise ValueError(f"lengths with attention_type={attention_type!r}: its decode state keeps one position for "
+                         "the whole batch; leave lengths None (per-sequence lengths need a KV-cache member)")
+
+
+def decode_state(module, input_shapes) -> tuple:
+    """(`module` in decoding mode, its zero `cache` state `{name: array}` for inputs of `input_shapes`); nothing computed."""
+    module = module.clone(decode=True)
+    inputs = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in input_shapes]
+    state = jax.eval_shape(lambda *x: module.init(jax.random.key(0), *x)["cache"], *inputs)
+    return module, {name: jnp.zeros(leaf.shape, leaf.dtype) for name, leaf in state.items()}
 
 
 def instantiate(attention_type: str, options: dict, **layer_values):

@@ -79,5 +79,5 @@ class Linformer(LayerFilled):
             key, value = (jnp.where(keep[:, :, None, None], x, 0) for x in (key, value))
         project = lambda p, x: jnp.einsum("kn,bngd->bkgd", p[:, :Lk].astype(x.dtype), x, precision=self.precision)
         out, _ = attend(query, project(e, key), project(f, value), impl=self.impl, dtype=self.dtype,
-                        precision=self.precision)
+                        precision=self.precision, formulation=self.formulation)
         return out

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention.family.member import LayerFilled, key_padding, require_positive_ints
+from attention.masks import allowed_by_position
 
 Array = Any
 _SELF = -1e5  # Reformer's logit for a query's own key
@@ -86,7 +87,7 @@ class LSH(LayerFilled):
         logits = jnp.einsum("bhncd,bhnkd->bhnck", cq, kk, precision=self.precision) / jnp.sqrt(jnp.float32(d))
         allowed = (cb[..., :, None] == kb[..., None, :]) & kkeep[..., None, :]
         if is_causal:
-            allowed &= kpos[..., None, :] <= cpos[..., :, None]
+            allowed &= allowed_by_position(cpos[..., :, None], kpos[..., None, :], True)
         logits = jnp.where(allowed, logits, _MASKED)
         if self.mask_self:
             logits = jnp.where(kpos[..., None, :] == cpos[..., :, None], jnp.minimum(logits, _SELF), logits)

@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax.numpy as jnp
 
+from attention import checks
+
 Array = Any
 
 
@@ -43,6 +45,7 @@ class LayerFilled(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     precision: Any = None
+    formulation: Any = None  # attention.formulation.Formulation for the products (None: plain)
 
 
 def options_of(module: type) -> tuple[str, ...]:
@@ -52,16 +55,14 @@ def options_of(module: type) -> tuple[str, ...]:
 
 # Fields of every member that the layer fills from its own attributes.
 LAYER_FIELDS = (
-    "dtype", "param_dtype", "precision", "impl", "decode", "kernel_init", "use_bias",
+    "dtype", "param_dtype", "precision", "formulation", "impl", "decode", "kernel_init", "use_bias",
     "num_heads", "head_dim", "v_head_dim", "parent", "name",
 )
 
 
 def require_positive_ints(member: str, **settings) -> None:
     """ValueError naming the first setting that is not a positive int (`member` names the attention_type)."""
-    for name, value in settings.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{member} {name} = {value!r}; expected a positive int")
+    checks.require_positive_ints(f"{member} ", **settings)
 
 
 def key_padding(attention_type: str, mask: Array | None, key_length: int) -> Array | None:

@@ -20,8 +20,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
-from jax import lax
-
+from attention import cache as kv_cache
 from attention.core import attend
 from attention.family.member import LayerFilled
 from attention.head import softmax
@@ -63,7 +62,7 @@ class MLA(LayerFilled):
             is_causal = True
         up = lambda w: jnp.einsum("bkc,chd->bkhd", latent, w.astype(latent.dtype), precision=self.precision)
         out, _ = attend(query, up(w_uk), up(w_uv), mask=mask, is_causal=is_causal,
-                        impl=self.impl, dtype=self.dtype, precision=self.precision)
+                        impl=self.impl, dtype=self.dtype, precision=self.precision, formulation=self.formulation)
         return out
 
     def _up_kernel(self, name, d_c, H, d):
@@ -81,17 +80,16 @@ class MLA(LayerFilled):
             raise ValueError(
                 f"mla decode: the cache holds {max_length} positions for batch {B}, got queries {query.shape}"
             )
-        cur = index.value
-        zero = jnp.zeros((), cur.dtype)
-        cache.value = lax.dynamic_update_slice(cache.value, latent.astype(cache.value.dtype), (zero, cur, zero))
+        cur = index.value  # the latent is one KV head's cache: [B, 1, L, d_c]
+        cache.value = kv_cache.write(cache.value[:, None], latent[:, :, None], cur)[:, 0]
         index.value = cur + new_length
         d_k = query.shape[-1]
         q_latent = jnp.einsum("bqhd,chd->bhqc", query * jnp.asarray(1 / math.sqrt(d_k), query.dtype), w_uk,
                               precision=self.precision)
         logits = jnp.einsum("bhqc,bkc->bhqk", q_latent, cache.value.astype(query.dtype), precision=self.precision,
                             preferred_element_type=jnp.float32)
-        causal = jnp.arange(max_length)[None, :] <= (cur + jnp.arange(new_length))[:, None]
-        mask = and_masks(as_bool_mask("mask", mask, (B, self.num_heads, new_length, max_length)), causal)
+        mask = and_masks(as_bool_mask("mask", mask, (B, self.num_heads, new_length, max_length)),
+                         kv_cache.causal_mask(cur, new_length, max_length))
         weights = softmax(logits, mask, None).astype(query.dtype)
         out_latent = jnp.einsum("bhqk,bkc->bqhc", weights, cache.value.astype(query.dtype), precision=self.precision)
         return jnp.einsum("bqhc,chd->bqhd", out_latent, w_uv, precision=self.precision)

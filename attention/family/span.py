@@ -71,7 +71,8 @@ class Span(LayerFilled):
         bias = jnp.log(jnp.maximum(m, jnp.finfo(jnp.float32).tiny))
         if beam_rows is not None:
             return history_attention(query, key, value, beam_rows, mask, dtype=self.dtype, precision=self.precision,
-                                     bias=bias)
+                                     bias=bias, formulation=self.formulation)
         out, _ = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal and window is not None,
-                        local_window_size=window, impl=self.impl, dtype=self.dtype, precision=self.precision)
+                        local_window_size=window, impl=self.impl, dtype=self.dtype, precision=self.precision,
+                        formulation=self.formulation)
         return out

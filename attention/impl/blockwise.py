@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from attention.grouped import Options
+from attention.masks import allowed_by_position
 
 Array = Any
 # 256 x 256: the fastest forward and near-best forward+backward at N = 2048 (results/code_choices.md).
@@ -192,13 +193,9 @@ def _block_logits(config, qb, kb, maskb, biasb, i, j, structured):
     if structured:
         q_pos = i * plan.block_q + lax.broadcasted_iota(jnp.int32, (plan.block_q, plan.block_k), 0)
         k_pos = j * plan.block_k + lax.broadcasted_iota(jnp.int32, (plan.block_q, plan.block_k), 1)
-        structure = jnp.ones(q_pos.shape, bool)
-        if config.is_causal:
-            structure &= k_pos <= q_pos
-        if config.window is not None:
-            structure &= (k_pos >= q_pos - config.window[0]) & (k_pos <= q_pos + config.window[1])
-        structure = structure[None, None, None]
-        allowed = structure if allowed is None else allowed & structure
+        structure = allowed_by_position(q_pos, k_pos, config.is_causal, config.window)  # None: padding only
+        if structure is not None:
+            allowed = structure[None, None, None] if allowed is None else allowed & structure[None, None, None]
     if allowed is not None:
         s = jnp.where(allowed, s, _MASKED)
     if structured:  # keys past the real length (block padding) get no weight at all

@@ -11,7 +11,8 @@ import math
 import jax.numpy as jnp
 
 from attention.grouped import with_structure
-from attention.head import dropout_multiplier, logits_dtype, softmax
+from attention.formulation import logits_dtype
+from attention.head import dropout_multiplier, softmax
 
 
 def attention(q, k, v, mask, bias, options):

@@ -22,7 +22,7 @@ def test_softmax_is_the_default_and_unchanged():
     np.testing.assert_array_equal(explicit.apply(params, X, is_causal=True), layer.apply(params, X, is_causal=True))
 
 
-@pytest.mark.parametrize("attention_type", ["performer"])  # span: test_family_span.py, mla: test_family_mla.py
+@pytest.mark.parametrize("attention_type", ["performer"])  # span: family/test_span.py, mla: family/test_mla.py
 def test_layer_decode_equals_the_full_pass(attention_type):
     layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, attention_type=attention_type, decode=True)
     variables = layer.init(jax.random.key(0), X)

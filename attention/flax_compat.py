@@ -1,0 +1,211 @@
+"""Flax-compatibility shims of the two layer faces: Flax's input rules and warnings, its `attention_fn`
+call, and the NNX layer's parameters as a Linen tree (and back).
+
+Nothing here computes attention; the faces (`attention.layer`, `attention.nnx`) call these where
+Flax's conventions differ from the library's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.module import first_from
+
+from attention import family
+from attention.checks import require
+from attention.masks import and_masks, structure_mask
+
+
+def call_attention_fn(layer, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights):
+    """Call a Linen layer's user `attention_fn` the way Flax does (unknown keyword arguments are filtered out).
+
+    Flax Linen's `attention_fn` takes no `is_causal`: causality is ANDed into the mask.
+    """
+    mask = and_masks(mask, structure_mask(query.shape[-3], key.shape[-3], is_causal, None))
+    kwargs = dict(
+        mask=mask,
+        dropout_rng=dropout_rng,
+        dropout_rate=layer.dropout_rate,
+        broadcast_dropout=layer.broadcast_dropout,
+        deterministic=deterministic,
+        dtype=layer.dtype,
+        precision=layer.precision,
+        force_fp32_for_softmax=layer.force_fp32_for_softmax,
+        qk_attn_weights_einsum=layer.qk_attn_weights_einsum_cls and layer.qk_attn_weights_einsum_cls(),
+        attn_weights_value_einsum=layer.attn_weights_value_einsum_cls and layer.attn_weights_value_einsum_cls(),
+    )
+    accepted = inspect.signature(layer.attention_fn).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    if sow_weights:
+        kwargs["module"] = layer
+    return layer.attention_fn(query, key, value, **kwargs)
+
+
+def check_einsum_cls(layer) -> None:
+    """The Linen layer's einsum classes are forwarded to `attention_fn`, as Flax's: they need one."""
+    if (layer.qk_attn_weights_einsum_cls or layer.attn_weights_value_einsum_cls) and layer.attention_fn is None:
+        raise ValueError("qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
+                         "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too")
+
+
+def resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
+    """`flax.linen.MultiHeadDotProductAttention`'s rules, errors and warnings: k defaults to q, v to k;
+    `inputs_kv` (deprecated) sets both. Called from the layer's `__call__` (the warnings' stacklevel)."""
+    if inputs_kv is not None:
+        if inputs_k is not None or inputs_v is not None:
+            raise ValueError(
+                "If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be None. If "
+                "`inputs_kv` is not None, both `inputs_k` and `inputs_v` must be None. We recommend "
+                "using `inputs_k` and `inputs_v` args, since `inputs_kv` will be deprecated soon. "
+                "See https://github.com/google/flax/discussions/3389 for more information."
+            )
+        warnings.warn(
+            "The inputs_kv arg will be deprecated soon. Use inputs_k and inputs_v instead. "
+            "See https://github.com/google/flax/discussions/3389 for more information.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return inputs_kv, inputs_kv
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError(
+                "`inputs_k` cannot be None if `inputs_v` is not None. To have both `inputs_k` and "
+                "`inputs_v` be the same value, pass in the value to `inputs_k` and leave `inputs_v` as None."
+            )
+        inputs_k = inputs_q
+    if inputs_v is None:
+        return inputs_k, inputs_k
+    # Flax's heuristic for a mask passed positionally (the pre-0.7.4 signature)
+    if inputs_v.ndim >= 2 and inputs_v.shape[-1] == inputs_v.shape[-2]:
+        warnings.warn(
+            f"You are passing an array of shape {inputs_v.shape} to the `inputs_v` arg, when you "
+            "may have intended to pass it to the `mask` arg. As of Flax version 0.7.4, the "
+            "function signature of MultiHeadDotProductAttention's `__call__` method has changed "
+            "to `__call__(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None, "
+            "deterministic=None)`. Use the kwarg `mask` instead. See "
+            "https://github.com/google/flax/discussions/3389 and read the docstring for more information.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return inputs_k, inputs_v
+
+
+def check_nnx_call(layer, inputs_q, decode, lengths, input_positions) -> None:
+    """The NNX layer's call arguments that Flax's has or ours adds: in_features, lengths, input_positions."""
+    require("", "inputs_q features", inputs_q.shape[-1], inputs_q.shape[-1] == layer.in_features,
+            f"in_features = {layer.in_features} (shape {inputs_q.shape})")
+    if lengths is not None and not decode:
+        raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
+    if input_positions is not None and layer.attention_fn is None:
+        raise ValueError("input_positions is forwarded to attention_fn, and attention_fn is None; set an "
+                         "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)")
+
+
+def nnx_dropout(layer, deterministic, rngs):
+    """The NNX layer's (deterministic, dropout key or None), resolved as `flax.nnx.MultiHeadAttention` resolves them."""
+    if layer.dropout_rate == 0.0:
+        return True, None
+    deterministic = first_from(deterministic, layer.deterministic, error_msg=(
+        "No `deterministic` argument was provided to MultiHeadAttention as either a __call__ argument or class "
+        "attribute (it is needed when dropout_rate > 0)."))
+    rngs = layer.rngs if rngs is None else rngs.dropout if isinstance(rngs, nnx.Rngs) else rngs
+    if deterministic:
+        return True, None
+    if rngs is None:
+        raise ValueError("rngs must be provided to __call__ when dropout is on and the layer was built with "
+                         "keep_rngs=False")
+    return False, rngs()
+
+
+class NnxDecodeViews:
+    """Flax NNX's decode-cache entry points for the NNX layer, which provides `_allocate`."""
+
+    def _has_cache(self):
+        spec = family.member(self.attention_type)
+        if spec is not None and spec.decode == "state":
+            return getattr(self, self.attention_type).to_nnx__module.decode
+        return self.cached_key is not None
+
+    def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
+        """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
+        if len(input_shape) < 2:
+            raise ValueError(f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}")
+        self._allocate(tuple(input_shape[:-2]), input_shape[-2], dtype)
+
+    def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
+                 batch_size: int | tuple[int, ...] | None = None, max_length: int | None = None):
+        """Used by `nnx.view`: set modes; with `decode=True`, allocate the cache if it is missing or sized here."""
+        self.deterministic = self.deterministic if deterministic is None else deterministic
+        self.decode = self.decode if decode is None else decode
+        if not decode or (self._has_cache() and batch_size is None and max_length is None):
+            return
+        if batch_size is None or max_length is None:
+            raise ValueError(f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
+                             f"batch_size={batch_size!r}, max_length={max_length!r}")
+        self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
+
+
+def to_linen_params(layer: nnx.Module) -> dict:
+    """The layer's `nnx.Param`s as a Linen `params` tree (`{"query": {"kernel": ...}, ...}`).
+
+    Flax's Linen and NNX attention layers and ours share parameter names and shapes, so this
+    tree is what `attention.MultiHeadAttention` / `flax.linen.MultiHeadDotProductAttention`
+    take as `{"params": tree}` for the same configuration.
+    """
+    return nnx.to_pure_dict(nnx.state(layer, nnx.Param))
+
+
+def load_linen_params(layer: nnx.Module, params: Mapping[str, Any]) -> None:
+    """Set `layer`'s `nnx.Param`s from a Linen `params` tree (the `"params"` collection, not the variables).
+
+    Raises a ValueError naming the first parameter path that is missing, unexpected or of
+    another shape.
+    """
+    state = nnx.state(layer, nnx.Param)
+    ours = _flat(nnx.to_pure_dict(state))
+    theirs = _flat(params)
+    for path in sorted(set(ours) | set(theirs)):
+        name = "/".join(path)
+        if path not in theirs:
+            raise ValueError(f"params: {name} is missing (the layer has it, shape {ours[path].shape})")
+        if path not in ours:
+            raise ValueError(f"params: {name} is not a parameter of this layer ({type(layer).__name__})")
+        if tuple(jnp.shape(theirs[path])) != tuple(ours[path].shape):
+            raise ValueError(
+                f"params: {name} has shape {tuple(jnp.shape(theirs[path]))}; the layer expects {tuple(ours[path].shape)}"
+            )
+    nnx.replace_by_pure_dict(state, _unflatten({p: jnp.asarray(v) for p, v in theirs.items()}))
+    nnx.update(layer, state)
+
+
+def _flat(tree, prefix=()):
+    if not isinstance(tree, Mapping):
+        return {prefix: tree}
+    return {path: leaf for key, sub in tree.items() for path, leaf in _flat(sub, (*prefix, str(key))).items()}
+
+
+def _unflatten(flat):
+    tree: dict = {}
+    for path, leaf in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf
+    return tree
+
+
+def resolve_nnx_inputs(inputs_q, inputs_k, inputs_v):
+    """`flax.nnx.MultiHeadAttention`'s rules: k defaults to q, v to k."""
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError(
+                "inputs_k cannot be None if inputs_v is not None; to use one array for both, "
+                "pass it as inputs_k and leave inputs_v None"
+            )
+        inputs_k = inputs_q
+    return inputs_k, inputs_k if inputs_v is None else inputs_v

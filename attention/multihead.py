@@ -1,0 +1,163 @@
+"""What both `MultiHeadAttention` faces do between the projections and W^O, written once.
+
+The Linen layer (`attention.layer`) and the NNX layer (`attention.nnx`) map Flax's constructor
+and call conventions onto these functions and keep the variables (Linen collections, NNX
+attributes); everything else lives here: the checks of the settings, the exact attention and its
+sown weights, the decode-cache step with beam search's reads (`attention.cache`,
+`attention.beams`), the family dispatch, and the head gates. Shapes follow Flax:
+`[batch..., L, heads, head_dim]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+from attention import beams, cache, family
+from attention.checks import is_positive_int
+from attention.core import IMPLS, attend
+from attention.grouped import flatten_batch
+from attention.masks import as_bool_mask, head_multiplier
+
+Array = Any
+
+
+def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: bool, dropout_rate: float) -> dict:
+    """Validate what both faces take beyond Flax's arguments; return `attend`'s block-size keywords."""
+    if impl not in IMPLS:
+        raise ValueError(f"{owner}impl must be one of {IMPLS}, got {impl!r}")
+    if block_sizes is not None and not (
+            isinstance(block_sizes, (tuple, list)) and len(block_sizes) == 2 and all(map(is_positive_int, block_sizes))):
+        raise ValueError(f"{owner}block_sizes = {block_sizes!r}; expected None or (block_q, block_k), positive ints")
+    if fused_qkv and geometry.v_head_dim != geometry.head_dim:
+        raise ValueError(f"{owner}v_head_dim = {geometry.v_head_dim}; fused_qkv=True needs v_head_dim None "
+                         f"or head_dim ({geometry.head_dim}): q, k and v share one kernel")
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"{owner}dropout_rate = {dropout_rate!r}; expected a float in [0, 1)")
+    return {} if block_sizes is None else dict(zip(("block_q", "block_k"), block_sizes))
+
+
+def check_fused_inputs(fused_qkv: bool, is_self: bool) -> None:
+    if fused_qkv and not is_self:
+        raise ValueError("fused_qkv=True projects q, k and v from one input; it needs self-attention "
+                         "(inputs_k and inputs_v None or the same array as inputs_q)")
+
+
+def exact_heads(query: Array, key: Array, value: Array, *, sow: Callable | None, impl: str, **options) -> Array:
+    """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
+
+    `sow(weights)`, when given, receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs
+    "vmap", and an `impl` that exposes none is a ValueError.
+    """
+    impl = "vmap" if sow is not None and impl == "auto" else impl
+    x, weights = attend(query, key, value, impl=impl, **options)
+    if sow is not None:
+        if weights is None:
+            raise ValueError(f"sow_weights=True needs the attention weights, which impl={impl!r} does not "
+                             "expose; use impl='vmap', 'einsum' or 'auto'")
+        sow(weights)
+    return x
+
+
+def decode_step(state: tuple, key: Array, value: Array, mask: Array | None, *, num_heads: int, lengths=None,
+                formulation, beam_rows: Array | None = None, beams_in_place: bool = False):
+    """One decode call over `state = (cached_key, cached_value, index)` (`attention.cache.step`).
+
+    Under beam search (`beam_rows` from the `cache` collection, `attention.beams`) the rows hold the
+    beams' histories spread out: returned as they are with the table if `beams_in_place`, else
+    gathered into each beam's own keys/values and the table None. -> (`cache.Step`, beam_rows).
+    """
+    step = cache.step(*state, key, value, mask, num_heads=num_heads, lengths=lengths, formulation=formulation)
+    if beam_rows is None:
+        return step, None
+    beams.check_rows(beam_rows, step.cached_key.shape[:-3], step.cached_key.shape[-2])
+    if beams_in_place:
+        return step, beam_rows
+    return step._replace(key=beams.gather_history(step.key, beam_rows),
+                         value=beams.gather_history(step.value, beam_rows)), None
+
+
+CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
+
+
+def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None) -> tuple:
+    """A cross-attention's (key, value) `[batch..., Ls, G, D]`: `stored` ones, else `project_kv()`, then `store(name, x)`-ed.
+
+    Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back
+    to the caller's layout and the attention's own cancel, so no step transposes the source again.
+    """
+    swap = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
+    if stored is not None:
+        return tuple(map(swap, stored))
+    key, value = project_kv()
+    if store is not None:
+        for name, x in zip(CROSS_KV, (key, value)):
+            store(name, swap(x))
+    return key, value
+
+
+def member_heads(call: Callable, inputs: tuple, mask: Array | None, *, num_heads: int, batch: tuple,
+                 bool_mask: bool = True, **kwargs) -> Array:
+    """A family member on `inputs` (`[batch..., L, ...]` each) with the batch axes flattened, as members take them.
+
+    The mask becomes bool and `[B|1, H|1, Lq|1, Lk|1]` here (unless `bool_mask` is False: a member
+    decoding with its own state checks its own); `call(*inputs, mask=, **kwargs) -> [B, Lq, H, d_v]`.
+    """
+    n = len(batch)
+    if bool_mask:
+        Lq, Lk = inputs[0].shape[n], inputs[1].shape[n]
+        mask = flatten_batch(as_bool_mask("mask", mask, (*batch, num_heads, Lq, Lk)), batch)
+    x = call(*(x.reshape(-1, *x.shape[n:]) for x in inputs), mask=mask, **kwargs)
+    return x.reshape(*batch, *x.shape[1:])
+
+
+def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Callable):
+    """The `layer.attention_type` member's Linen module, filled from the layer's settings."""
+    return family.instantiate(
+        layer.attention_type, options, dtype=layer.dtype, param_dtype=layer.param_dtype, precision=layer.precision,
+        formulation=layer.formulation, impl=layer.impl, decode=decode, kernel_init=kernel_init,
+        use_bias=layer.use_bias, **dataclasses.asdict(geometry))
+
+
+def family_heads(spec, member: Callable, project: Callable, use_cache: Callable, inputs: tuple, mask: Array | None, *,
+                 num_heads: int, causal: bool, decode: bool, **member_kwargs) -> Array:
+    """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, checked by `check_member_call`).
+
+    `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
+    beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
+    """
+    run = functools.partial(member_heads, member, num_heads=num_heads, batch=inputs[0].shape[:-2], is_causal=causal,
+                            **member_kwargs)
+    if spec.projects:
+        return run(inputs[:2], mask, bool_mask=not decode)
+    query, key, value = project(*inputs, shared_qk=spec.shared_qk)
+    extra = {}
+    if decode and spec.decode == "kv_cache":
+        step, beam_rows = use_cache(key, value, mask, spec.beams_in_place)
+        if step is not None:  # None: the Linen layer's init, which only sizes the cache
+            key, value, mask = step.key, step.value, step.mask
+            extra["query_offset"] = step.offset.reshape(-1) if step.offset.ndim else step.offset
+        if beam_rows is not None:
+            extra["beam_rows"] = beam_rows
+    return run((query, key, value), mask, **extra)
+
+
+def check_member_call(owner: str, layer, geometry, *, is_self: bool, values_are_keys: bool, causal: bool,
+                      decode: bool, sow_weights: bool):
+    """`family.check_call` with the settings both faces keep under the same names."""
+    return family.check_call(
+        owner, layer.attention_type, geometry, is_self=is_self, values_are_keys=values_are_keys, causal=causal,
+        decode=decode, attention_fn=layer.attention_fn, dropout_rate=layer.dropout_rate, sow_weights=sow_weights,
+        fused_qkv=layer.fused_qkv, normalize_qk=layer.normalize_qk,
+    )
+
+
+def gate_heads(x: Array, head_mask: Array | None, num_heads: int) -> Array:
+    """Heads `[batch..., Lq, H, d_v]`, each scaled by `head_mask` (broadcastable to `[batch..., H]`)."""
+    if head_mask is None:
+        return x
+    return x * head_multiplier(head_mask, x.shape[:-3], num_heads, x.dtype)

@@ -1,0 +1,148 @@
+"""What a GPU would run: the Transformer's training step and a decode step lowered for CUDA on this machine.
+
+`jax.export(..., platforms=("cuda",))` lowers without a GPU. With the hooks `backends.model_hooks`
+picks for "cuda", the StableHLO must carry nothing tuned for XLA:CPU (no `optimization_barrier`, no
+row-major product with its copied transposes, no float32 multiply-and-sum in place of a dot), take
+its dots in the dtype the config asks for, and hold exactly the `dot_general`s of the plain
+formulation (the config with no hooks at all). The CPU's hooks, lowered the same way, fail these
+checks: the checks can fail.
+"""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import backends
+from models import Transformer, TransformerConfig
+
+VOCAB, BATCH, LENGTH = 32, 2, 8
+# the default config's model at tiny sizes (dropout on, tied embeddings, pre-LN, vmap attention)
+TINY = dict(vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, mlp_dim=64, max_len=16)
+DOT = re.compile(r"stablehlo\.dot_general .*?: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> (tensor<[^>]*>)")
+
+
+def _config(dtype, platform):
+    """The default model config at `dtype`, with the hooks chosen for `platform` (None: no hooks, the plain formulation)."""
+    config = TransformerConfig(**TINY, dtype=dtype)
+    if platform is None:
+        return config
+    return dataclasses.replace(config, **backends.model_hooks("auto", dtype, platform))
+
+
+def _train_step_hlo(config):
+    """StableHLO (for CUDA) of forward + backward of the cross-entropy of a batch, dropout on."""
+    model = Transformer(config)
+    tokens = jax.ShapeDtypeStruct((BATCH, LENGTH), jnp.int32)
+    params = jax.eval_shape(lambda s, t: model.init(jax.random.key(0), s, t)["params"], tokens, tokens)
+
+    def loss(params, src, tgt_in, tgt_out, key):
+        logits = model.apply({"params": params}, src, tgt_in, train=True, rngs={"dropout": key})
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return -jnp.take_along_axis(logp, tgt_out[..., None], axis=-1).mean()
+
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # a raw threefry key
+    exported = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=("cuda",))(
+        params, tokens, tokens, tokens, key)
+    return exported.mlir_module()
+
+
+def _decode_step_hlo(config):
+    """StableHLO (for CUDA) of one decode step: one new token per row against the self-attention cache."""
+    model = Transformer(config)
+    src = jax.ShapeDtypeStruct((BATCH, LENGTH), jnp.int32)
+    token = jax.ShapeDtypeStruct((BATCH, 1), jnp.int32)
+    params = jax.eval_shape(lambda s: model.init(jax.random.key(0), s, s)["params"], src)
+    encoded = jax.eval_shape(lambda p, s: model.apply({"params": p}, s, method="encode"), params, src)
+
+    def fill(params, encoded, src):  # the first decode call sizes the cache (as models.init_cache)
+        tgt = jnp.zeros((BATCH, LENGTH), jnp.int32)
+        return model.apply({"params": params}, encoded, src, tgt, method="decode", decode=True,
+                           mutable=["cache"])[1]["cache"]
+
+    cache = jax.eval_shape(fill, params, encoded, src)
+
+    def step(params, cache, encoded, src, token):
+        logits, variables = model.apply({"params": params, "cache": cache}, encoded, src, token, method="decode",
+                                        decode=True, mutable=["cache"])
+        return logits, variables["cache"]
+
+    exported = jax.export.export(jax.jit(step, donate_argnums=1), platforms=("cuda",))(
+        params, cache, encoded, src, token)
+    return exported.mlir_module()
+
+
+def _dots(hlo):
+    """(lhs, rhs, result) tensor types of every stablehlo.dot_general."""
+    return DOT.findall(hlo)
+
+
+def _rank(tensor_type):
+    return tensor_type.count("x")
+
+
+def _element(tensor_type):
+    return tensor_type.rstrip(">").split("x")[-1]
+
+
+STEPS = {"train": _train_step_hlo, "decode": _decode_step_hlo}
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    """{(step, dtype name, platform): StableHLO text}, lowered once per module."""
+    cache = {}
+
+    def get(step, dtype, platform):
+        key = (step, jnp.dtype(dtype).name, platform)
+        if key not in cache:
+            cache[key] = STEPS[step](_config(dtype, platform))
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cuda_lowering_is_the_plain_formulation(lowered, step, dtype):
+    cuda, plain = lowered(step, dtype, "cuda"), lowered(step, dtype, None)
+    assert "optimization_barrier" not in cuda
+    dots = _dots(cuda)
+    assert dots and len(dots) == len(_dots(plain)) == cuda.count("stablehlo.dot_general")
+    want = {"float32": "f32", "bfloat16": "bf16"}[jnp.dtype(dtype).name]
+    for lhs, rhs, out in dots:
+        if _rank(lhs) < 5 and _rank(rhs) < 5:  # dense layers and tied logits: in the compute dtype
+            assert (_element(lhs), _element(rhs), _element(out)) == (want, want, want), (lhs, rhs, out)
+        else:  # attention's products (grouped layout): float32 logits and sums, as attention.head asks
+            assert _element(out) == "f32", (lhs, rhs, out)
+            if step == "decode":  # forward only: operands in the compute dtype
+                assert (_element(lhs), _element(rhs)) == (want, want), (lhs, rhs)
+    types = lambda hlo: sorted(_dots(hlo))  # noqa: E731
+    assert types(cuda) == types(plain)
+    # the same program as the plain formulation's, op for op (locations aside)
+    assert _ops(cuda) == _ops(plain)
+
+
+def _ops(hlo):
+    """The multiset of StableHLO op names in `hlo`."""
+    names = re.findall(r"= (stablehlo\.[a-z_]+|chlo\.[a-z_]+|func\.call)", hlo)
+    return sorted(names)
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_the_checks_catch_the_cpu_hooks(lowered, step):
+    """The CPU's hooks lowered for CUDA: barriers (cache writes, row-major transposes) or other dots than plain."""
+    cpu, plain = lowered(step, jnp.bfloat16, "cpu"), lowered(step, jnp.bfloat16, None)
+    assert "optimization_barrier" in cpu
+    dot_types = lambda hlo: sorted(tuple(map(_element, d)) for d in _dots(hlo))  # noqa: E731
+    assert dot_types(cpu) != dot_types(plain) or _ops(cpu) != _ops(plain)
+
+
+def test_model_hooks_by_platform():
+    cpu, cuda, tpu = (backends.model_hooks("auto", jnp.float32, p) for p in ("cpu", "cuda", "tpu"))
+    assert cuda == tpu == {"dot_general": None, "formulation": None, "dropout_keep": None}
+    assert cpu["dot_general"] is not None and cpu["formulation"] is not None and cpu["dropout_keep"] is not None
+    np.testing.assert_equal(backends.model_hooks("row_major", jnp.float32, "cuda")["formulation"], None)
