@@ -37,7 +37,7 @@ from training.evaluation import translate
 
 ABLATIONS = {  # name: (the models.decoding function replaced, its replacement given a trace log)
     "reorder": ("_gather_cache", lambda traced: lambda cache, beams: traced.append(beams) or KEEP_ORDER(cache, None)),
-    "logits_barrier": ("_unfused", lambda traced: lambda logits: traced.append(logits) or logits),
+    "logits_barrier": ("_unfused", lambda traced: lambda logits, formulation: traced.append(logits) or logits),
 }
 
 

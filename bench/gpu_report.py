@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import gzip
-import io
 import json
 import logging
 import os

@@ -33,7 +33,6 @@ import numpy as np
 from bench.peer import CPU_CLOCK_SHIM, cpu_description
 from bench.timing import median_ms
 
-TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)  # --toy, as flax_wmt_decode.py's (a dry run)
 from bench.train_step import SIZES
 from configs import default
 from training import config as config_lib
@@ -41,6 +40,8 @@ from training.data import tokenizer
 from training.data.batching import BatchSchedule, bucket_length
 from training.data.corpus import load_corpus
 from training.evaluation.translate import decoder
+
+TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)  # --toy, as flax_wmt_decode.py's (a dry run)
 
 
 class Ours:

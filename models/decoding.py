@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention import beams as attention_beams
+from attention import formulation as attention_formulation
 
 Array = Any
 
@@ -98,13 +99,14 @@ def _decode_step(model, params, cache, encoded, src_tokens, tokens):
         {"params": params, "cache": cache}, encoded, src_tokens, tokens[:, None],
         method="decode", decode=True, mutable=["cache"],
     )
-    return jax.nn.log_softmax(_unfused(logits[:, -1])), variables["cache"]
+    return jax.nn.log_softmax(_unfused(logits[:, -1], model.config.formulation)), variables["cache"]
 
 
-def _unfused(logits):
-    """`logits` behind a barrier: XLA:CPU fuses log_softmax's max into the vocabulary matmul otherwise,
-    and that fusion ran slower than the two apart (a float32 beam-4 decode 1.08x; results/peer.md, section 5)."""
-    return lax.optimization_barrier(logits)
+def _unfused(logits, formulation):
+    """`logits` computed apart from log_softmax where the backend's formulation says so: XLA:CPU fuses
+    log_softmax's max into the vocabulary matmul otherwise, and that ran slower (results/peer.md, section 5);
+    the plain formulation (GPU, TPU) leaves the fusion to the compiler."""
+    return attention_formulation.resolve(formulation).materialize(logits)
 
 
 def _check_args(model, src_tokens, max_len):

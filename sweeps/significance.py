@@ -127,11 +127,14 @@ def minimum_detectable_difference(se: float, df: float, alpha: float = ALPHA, po
     return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input's order (NaN, an untested comparison, stays NaN and
-    does not count towards the number of comparisons)."""
+def holm(p_values: Sequence[float], planned: int = 0) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order. NaN (an untested comparison) stays NaN.
+
+    `planned`: the number of comparisons the table sets out to make, when more than are tested (points not
+    run yet): they count as p = 1, so a verdict reached on a partial table does not weaken as it fills up.
+    """
     tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
-    m = len(tested)
+    m = max(len(tested), planned)
     adjusted = [math.nan] * len(p_values)
     running = 0.0
     for rank, (p, i) in enumerate(tested):
@@ -147,12 +150,13 @@ def compare_seeds(point: Sequence[float], reference: Sequence[float]) -> SeedCom
                           tost_p(difference, se, df), minimum_detectable_difference(se, df))
 
 
-def table_comparisons(points: Mapping[int | str, Sequence[float]], reference: Sequence[float]) -> dict[int | str, SeedComparison]:
-    """Every point of one table against the reference, with Holm's adjustment over the table's comparisons,
-    separately for the difference tests and the equivalence tests."""
+def table_comparisons(points: Mapping[int | str, Sequence[float]], reference: Sequence[float],
+                      planned: int = 0) -> dict[int | str, SeedComparison]:
+    """Every point of one table against the reference, with Holm's adjustment over the table's comparisons
+    (at least `planned` of them), separately for the difference tests and the equivalence tests."""
     compared = {value: compare_seeds(bleu, reference) for value, bleu in points.items()}
-    p_holm = holm([c.p for c in compared.values()])
-    tost_holm = holm([c.tost_p for c in compared.values()])
+    p_holm = holm([c.p for c in compared.values()], planned)
+    tost_holm = holm([c.tost_p for c in compared.values()], planned)
     return {value: dataclasses.replace(c, p_holm=p, tost_p_holm=t) for (value, c), p, t in zip(compared.items(), p_holm, tost_holm)}
 
 

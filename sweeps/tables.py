@@ -142,7 +142,8 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
     bleu = _bleu_by_value(results)
     if reference not in bleu:
         return ""
-    compared = significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference])
+    compared = significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference],
+                                              planned=len(spec["values"]) - 1)
     paper = key in ("h", "dk")
     base = next((r for r in results if r["value"] == reference), {})
     titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, "scored steps (seed 0 / 1 / ...)"]
@@ -161,7 +162,7 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
             ours, theirs = paper_numbers(key, runs[0]), paper_numbers(key, base)
             cells.append(f"{ours[1] - theirs[1]:+.1f}" if ours and theirs and value != reference else "–")
         lines.append("| " + " | ".join(cells) + " |")
-    holm_m = sum(not math.isnan(c.p) for c in compared.values())
+    holm_m = max(sum(not math.isnan(c.p) for c in compared.values()), len(spec["values"]) - 1)
     lines.append("\n" + verdict_line(key, compared))
     lines.append(f"""
 Each seed is one training run, scored with beam 4 on {spec.get("test_split") or "the test split"} at its best-dev-loss checkpoint
@@ -195,8 +196,8 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
     bleu = _bleu_by_value(results)
     ready = {label: (bleu[a], bleu[b]) for label, a, b in contrasts if a in bleu and b in bleu}
     tests = {label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}
-    p_holm = significance.holm([c.p for c in tests.values()])
-    tost_holm = significance.holm([c.tost_p for c in tests.values()])
+    p_holm = significance.holm([c.p for c in tests.values()], len(contrasts))
+    tost_holm = significance.holm([c.tost_p for c in tests.values()], len(contrasts))
     tests = {label: dataclasses.replace(c, p_holm=p, tost_p_holm=t) for (label, c), p, t in zip(tests.items(), p_holm, tost_holm)}
     titles = ["comparison", "from → to", "seeds", *COMPARISON_TITLES]
     lines = ["## The decomposition: one change at a time\n", "| " + " | ".join(titles) + " |", "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|"]

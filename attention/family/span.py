@@ -55,7 +55,7 @@ class Span(LayerFilled):
             raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
         if not (isinstance(self.l1_penalty, (int, float)) and self.l1_penalty >= 0):
             raise ValueError(f"span l1_penalty = {self.l1_penalty!r}; expected a float >= 0")
-        (B, Lq, H, _), Lk = query.shape, key.shape[1]
+        (_, Lq, H, _), Lk = query.shape, key.shape[1]
         fraction = self.param("span", nn.initializers.constant(self.span_init), (H,), self.param_dtype)
         z = self.max_span * jnp.clip(fraction.astype(jnp.float32), 0.0, 1.0).reshape(1, H, 1, 1)
         if self.l1_penalty > 0:

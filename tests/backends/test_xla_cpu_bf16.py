@@ -10,7 +10,7 @@ from jax import lax
 
 import backends
 import models
-from backends.xla_cpu_bf16 import cpu_has_native_bf16, has_native_bf16, row_major_dot_general, transposed
+from backends.xla_cpu_bf16 import has_native_bf16, row_major_dot_general, transposed
 
 DENSE = (((2,), (0,)), ((), ()))  # x [B, L, K] . kernel [K, ...], as flax.linen.Dense calls it
 

@@ -118,6 +118,10 @@ def test_holm_hand_worked():
     adjusted = significance.holm([0.2, math.nan, 0.01])  # an untested comparison does not count: m = 2
     assert adjusted[0] == pytest.approx(0.2) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
     assert significance.holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    # a table that plans 3 comparisons but has run 2: the missing one counts (as p = 1), m = 3
+    adjusted = significance.holm([0.025, math.nan, 0.2], planned=3)
+    assert adjusted[0] == pytest.approx(0.075) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.4)
+    # hand-worked: sorted 0.025 x 3 = 0.075, 0.2 x 2 = 0.4 (the planned third, p = 1, x 1 = 1)
 
 
 def test_tost_against_scipy_one_sided_tests_on_shifted_samples():

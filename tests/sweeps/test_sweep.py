@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import launch, store, sweep
+from sweeps import launch, sweep
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""What a run does when it is started wrongly, twice, or on a damaged workdir (issue 18), on tiny runs."""
+"""What a run does when it is started wrongly, twice, or on a damaged workdir, on tiny runs."""
 
 import gzip
 import os
