@@ -38,8 +38,9 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     # Hand-worked: h = 1 is [37, 38, 39] against h = 8's [40, 41, 42]: difference -3, se sqrt(2/3), Welch df 4,
     # 95 % CI -3 -+ 2.776 x 0.8165 = [-5.27, -0.73], Hedges' g -3 x (1 - 3/15) = -2.40, p 0.0213 (scipy:
     # ttest_ind(equal_var=False)); equivalence p max(t4.sf((-3 + 0.5) / se), t4.cdf((-3 - 0.5) / se)) = 0.981. h = 16's seeds
-    # equal h = 8's: difference 0, p 1, g 0, yet not equivalent (too few seeds). Holm over the 2 tested comparisons:
-    # 2 x 0.0213 = 0.043, and 1.
+    # equal h = 8's: difference 0, p 1, g 0, yet not equivalent (too few seeds). Holm over the table's 3 planned
+    # comparisons (h = 2, not run yet, counts as p = 1): 3 x 0.0213 = 0.064, so h = 1 is not yet lower; and 1;
+    # its equivalence p 0.981 x 3 caps at 1.
     results = [{"value": v, "seed": s, "step": 4000 - 400 * (s == 1 and v == 8), "num_train_steps": 4000,
                 "test_bleu": base + s, "num_heads": v, "head_dim": 256 // v, "v_head_dim": 256 // v}
                for v, base in ((1, 37.0), (8, 40.0), (16, 40.0)) for s in range(3)]
@@ -48,12 +49,14 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
     assert header[:7] == ["h", "seeds", "test BLEU (mean)", "difference (BLEU)", "95 % CI", "Hedges' g", "p (Welch, two-sided)"]
     body = cells_of(table)
-    assert body["1"][:8] == ["3", "38.00", "-3.00", "[-5.27, -0.73]", "-2.40", "0.021", "0.043", "0.981"]
-    assert body["1"][9:] == ["**lower**", "4,000 / 4,000 / 4,000 of 4,000", "-0.9"]  # the paper: 24.9 vs 25.8
+    assert body["1"][:8] == ["3", "38.00", "-3.00", "[-5.27, -0.73]", "-2.40", "0.021", "0.064", "1.000"]
+    assert body["1"][9:] == ["undetermined", "4,000 / 4,000 / 4,000 of 4,000", "-0.9"]  # the paper: 24.9 vs 25.8
     assert body["2"][:2] == ["0", "not run yet"]
     assert body["8"][:3] == ["3", "41.00", "reference"] and body["8"][-2] == "4,000 / 3,600 / 4,000 of 4,000"
     assert body["16"][2:6] == ["+0.00", "[-2.27, +2.27]", "+0.00", "1.000"] and body["16"][9] == "undetermined"
-    assert "**Reading.** Lower: h = 1. Undetermined: h = 16." in table
+    assert "**Reading.** Undetermined: h = 1, 16." in table
+    done = tables.seed_markdown(results, {**spec, "values": [1, 8, 16]})  # once h = 2 leaves the plan: 2 x 0.0213
+    assert cells_of(done)["1"][6] == "0.043" and "**Reading.** Lower: h = 1. Undetermined: h = 16." in done
     assert tables.seed_markdown(results[:3], spec) == ""  # no reference seeds yet
 
 
