@@ -33,7 +33,9 @@ def tiny_preset(packed: bool, steps: int, train_limit: int):
     return config
 
 
-class _Lines(logging.Handler):
+class LogLines(logging.Handler):
+    """Every log record's message, kept in order (to read a run's own lines back)."""
+
     def __init__(self):
         super().__init__()
         self.lines = []
@@ -45,7 +47,7 @@ class _Lines(logging.Handler):
 def count(packed: bool, steps: int, train_limit: int) -> tuple[str, float]:
     """(the run's "compilation in this invocation" line, wall seconds) of one cold run."""
     config = tiny_preset(packed, steps, train_limit)
-    lines = _Lines()
+    lines = LogLines()
     root = logging.getLogger()
     root.addHandler(lines)
     root.setLevel(logging.INFO)

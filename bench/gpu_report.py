@@ -224,17 +224,8 @@ def _our_config(peer, size, overrides):
     return config
 
 
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 def part_preset(args) -> str:
-    from bench.compile_count import tiny_preset
+    from bench.compile_count import LogLines, tiny_preset
     from configs import default, table3_preset
     from training.evaluation import evaluate
     from training.evaluation.loaded import load_run
@@ -244,7 +235,7 @@ def part_preset(args) -> str:
         config = tiny_preset(packed=True, steps=20, train_limit=1000)
     else:
         config = table3_preset.apply(default.get_config("h=8"), packed=True)
-    lines = _Lines()
+    lines = LogLines()
     logging.getLogger().addHandler(lines)
     logging.getLogger().setLevel(logging.INFO)
     try:
