@@ -95,7 +95,7 @@ def kernel_table(title: str, kernels) -> str:
 
 def part_suite(args) -> str:
     """The default suite on this backend (a dry run: one small test file), its summary line."""
-    targets = ["tests/attention/test_cudnn.py"] if args.dry_run else ["tests"]
+    targets = ["tests/attention/impl/test_jax_nn.py"] if args.dry_run else ["tests"]
     xdist = [] if args.dry_run else ["-n", str(min(8, os.cpu_count() or 1))]
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *xdist, *targets]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.suite_timeout_s)

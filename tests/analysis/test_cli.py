@@ -1,32 +1,21 @@
 """analyze.py end to end on a tiny model trained for a few steps on a Multi30k slice."""
 
 import csv
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
 import analyze
+import tiny
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _test_loop():
-    """tests/training/run/test_loop.py, for its tiny_config (tests/ has no packages to import it by name)."""
-    spec = importlib.util.spec_from_file_location("training_test_loop", ROOT / "tests" / "training" / "run" / "test_loop.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     if not os.environ.get("MULTI30K_DIR"):
         pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
-    config = _test_loop().tiny_config(steps=20)
-    config.model.update(num_heads=4, d_model=16)  # heads to group: G=2 is a real GQA
+    config = tiny.train_config(20, **{"model.num_heads": 4})  # heads to group: G=2 is a real GQA
     workdir = tmp_path_factory.mktemp("tiny")
     from training.run import loop
 

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from analysis import heads, importance
-from models import Transformer, TransformerConfig, head_mask_variables
+from models import Transformer, head_mask_variables
+from tiny import model_config
 from training.run import step as step_lib
 
-CONFIG = TransformerConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, mlp_dim=32, max_len=16, dropout_rate=0.0)
+CONFIG = model_config(vocab_size=32, d_model=16, mlp_dim=32)
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ import pytest
 from flax.training import train_state
 
 from analysis import uptrain
-from models import Transformer, TransformerConfig, greedy_decode
+from models import Transformer, greedy_decode
+from tiny import model_config
 
-MHA = TransformerConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, mlp_dim=32, max_len=16, dropout_rate=0.0)
+MHA = model_config(vocab_size=32, d_model=16, mlp_dim=32)
 
 
 @functools.lru_cache

@@ -10,6 +10,7 @@ from jax import lax
 
 import backends
 import models
+import tiny
 from backends.xla_cpu_bf16 import has_native_bf16, row_major_dot_general, transposed
 
 DENSE = (((2,), (0,)), ((), ()))  # x [B, L, K] . kernel [K, ...], as flax.linen.Dense calls it
@@ -75,9 +76,7 @@ def test_bfloat16_transformer_matches_the_lax_path():
     """Row-major on vs off: the same logits and gradients, up to bfloat16 rounding."""
     src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)
     tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
-    fields = dict(vocab_size=20, d_model=32, num_heads=4, num_layers=2, mlp_dim=48, max_len=16,
-                  dropout_rate=0.0, dtype=jnp.bfloat16)
-    on, off = (models.Transformer(models.TransformerConfig(**fields, dot_general=dot))
+    on, off = (models.Transformer(tiny.model_config(dtype=jnp.bfloat16, dot_general=dot))
                for dot in (row_major_dot_general, None))
     params = on.init(jax.random.key(0), src, tgt)["params"]
     loss = lambda model: lambda p: jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, src, tgt))[..., 3])
@@ -111,9 +110,7 @@ def test_native_bfloat16_is_read_from_the_cpu_flags():
 def test_bfloat16_cached_decoding_matches_the_full_pass_with_a_bfloat16_cache():
     src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)
     tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
-    config = models.TransformerConfig(vocab_size=20, d_model=32, num_heads=4, num_kv_heads=2, num_layers=2,
-                                      mlp_dim=48, max_len=16, dropout_rate=0.0, dtype=jnp.bfloat16,
-                                      dot_general=row_major_dot_general)
+    config = tiny.model_config(num_kv_heads=2, dtype=jnp.bfloat16, dot_general=row_major_dot_general)
     model = models.Transformer(config)
     variables = model.init(jax.random.key(0), src, tgt)
     encoded = model.apply(variables, src, method=models.Transformer.encode)

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import models
+from tiny import model_config
 
 KEY = jax.random.key(0)
 PAD, EOS, BOS = 0, 1, 2
@@ -25,9 +26,7 @@ GROWN = [None, 3]
 
 
 def tiny(**overrides):
-    fields = dict(vocab_size=20, d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, mlp_dim=48,
-                  max_len=16, dropout_rate=0.0, tie_embeddings=False)
-    return models.TransformerConfig(**{**fields, **overrides})
+    return model_config(**{"num_kv_heads": 2, "tie_embeddings": False, **overrides})
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import models
+from tiny import model_config
 from models import decoding
 
 KEY = jax.random.key(0)
@@ -17,9 +18,9 @@ OPTIONS = {"linformer": {"max_length": 16}, "span": {"max_span": 4, "ramp": 2}}
 
 
 def tiny(attention_type, **overrides):
-    fields = dict(vocab_size=20, d_model=16, num_heads=2, num_layers=1, mlp_dim=16, max_len=16, dropout_rate=0.0,
+    fields = dict(d_model=16, num_heads=2, num_layers=1, mlp_dim=16,
                   attention_type=attention_type, attention_options=OPTIONS.get(attention_type, {}))
-    return models.TransformerConfig(**{**fields, **overrides})
+    return model_config(**{**fields, **overrides})
 
 
 @pytest.mark.parametrize(

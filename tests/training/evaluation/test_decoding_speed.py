@@ -3,13 +3,13 @@
 import jax
 import jax.numpy as jnp
 
-from models import Transformer, TransformerConfig
+from models import Transformer
+from tiny import model_config
 from training.evaluation.evaluate import decoding_speed
 
 
 def test_cache_bytes_by_hand_and_an_over_long_source_is_cut_to_max_len():
-    config = TransformerConfig(vocab_size=20, d_model=16, num_heads=4, num_kv_heads=2, num_layers=2, mlp_dim=24,
-                               max_len=8, dropout_rate=0.0)
+    config = model_config(d_model=16, num_kv_heads=2, mlp_dim=24, max_len=8)
     model = Transformer(config)
     params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
     src_ids = [[5, 6, 7], list(range(3, 15))]  # 12 tokens: longer than max_len, as a dev sentence may be
@@ -20,8 +20,7 @@ def test_cache_bytes_by_hand_and_an_over_long_source_is_cut_to_max_len():
 
 
 def test_mla_counts_its_latent_cache():
-    config = TransformerConfig(vocab_size=20, d_model=16, num_heads=4, num_layers=2, mlp_dim=24, max_len=8, dropout_rate=0.0,
-                               attention_type="mla", attention_options={"latent_dim": 6})
+    config = model_config(d_model=16, mlp_dim=24, max_len=8, attention_type="mla", attention_options={"latent_dim": 6})
     model = Transformer(config)
     params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
     result = decoding_speed(model, params, [[5, 6, 7]], bucket_lengths=(4, 8), beam_sizes=(1,), repeats=1)
@@ -32,8 +31,7 @@ def test_mla_counts_its_latent_cache():
 
 def test_a_model_that_never_ends_runs_every_step_to_the_cap():
     """EOS made impossible: each of 2 rows emits max_len = 8 tokens (the model's, below bucket 4 + 50), greedy and beam."""
-    config = TransformerConfig(vocab_size=20, d_model=16, num_heads=4, num_layers=1, mlp_dim=24, max_len=8, dropout_rate=0.0,
-                               tie_embeddings=False)
+    config = model_config(d_model=16, num_layers=1, mlp_dim=24, max_len=8, tie_embeddings=False)
     model = Transformer(config)
     params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
     bias = params["decoder"]["logits"]["bias"]

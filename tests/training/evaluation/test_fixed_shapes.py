@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import Transformer, TransformerConfig, beam_search, greedy_decode
+from models import Transformer, beam_search, greedy_decode
 from training.data import batching
 from training.evaluation import dev, translate
+from tiny import model_config
 from training.run.compile_cache import CompileCounter
 
 BUCKETS = (8, 12, 16, 24, 32, 48)
@@ -22,8 +23,7 @@ FIXED = (32, 64)
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = TransformerConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_len=64,
-                               dropout_rate=0.0)
+    config = model_config(vocab_size=40, d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_len=64)
     model = Transformer(config)
     params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
     rng = np.random.default_rng(0)

@@ -10,6 +10,7 @@ import pytest
 
 from configs import default
 from models import Transformer
+from tiny import train_config
 from training import config as config_lib
 from training.run import step as step_lib
 
@@ -17,11 +18,7 @@ VOCAB = 40
 
 
 def tiny_config(attention_type, options=""):
-    config = default.get_config()
-    config.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_len=32, dtype="float32",
-                        attention_type=attention_type, attention_options=options)
-    config.num_train_steps = 2
-    return config
+    return train_config(2, **{"model.max_len": 32, "model.attention_type": attention_type, "model.attention_options": options})
 
 
 def batch(rng=np.random.default_rng(0)):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from configs import default
+from tiny import train_config as tiny_config  # d_model 16, 1 layer, 300 pairs, 20 steps
 from training import config as config_lib
 from training.data import corpus
 from training.evaluation import evaluate
@@ -30,24 +31,6 @@ ROOT = Path(__file__).resolve().parents[3]
 def multi30k():
     if not os.environ.get("MULTI30K_DIR"):
         pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
-
-
-def tiny_config(steps=20):
-    config = default.get_config()
-    config.num_train_steps = steps
-    config.log_every_steps = 5
-    config.eval_every_steps = 10
-    config.checkpoint_every_steps = 10
-    config.data.train_limit = 300
-    config.data.vocab_size = 300
-    config.data.token_budget = 512
-    config.data.bucket_lengths = (64,)
-    # max_len = the largest bucket: dev pairs are cut to it, so the dev set is one batch shape (one compile)
-    config.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_len=64)
-    config.model.dtype = "float32"  # the reference the bfloat16 test compares with; 'auto' is test_precision.py's
-    config.eval.bleu_examples = 8
-    config.eval.max_extra_length = 5
-    return config
 
 
 def params_of(workdir, step):

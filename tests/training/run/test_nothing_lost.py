@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 from test_checkpoints import corrupt_largest_file, state
-from test_loop import tiny_config
+from tiny import train_config as tiny_config, train_flags as tiny_flags
 
 from training import config as config_lib
 from training.evaluation import dev as dev_lib
@@ -259,14 +259,6 @@ def test_a_stop_comes_in_between_evaluation_batches():
 # ---- end to end on a tiny model
 
 slow_multi30k = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set")]
-
-
-def tiny_flags(steps=20, **extra):
-    fields = {"num_train_steps": steps, "log_every_steps": 5, "eval_every_steps": 10, "checkpoint_every_steps": 10,
-              "data.train_limit": 300, "data.vocab_size": 300, "data.token_budget": 512, "data.bucket_lengths": "(64,)",
-              "model.d_model": 16, "model.num_heads": 2, "model.num_layers": 1, "model.mlp_dim": 32, "model.max_len": 64,
-              "model.dtype": "float32", "eval.bleu_examples": 8, "eval.max_extra_length": 5, **extra}
-    return [f"--config={ROOT / 'configs/default.py'}", *(f"--config.{k}={v}" for k, v in fields.items())]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_loop import tiny_config
+from tiny import train_config as tiny_config, train_flags as tiny_flags
 from training.data import corpus
 from training.run import loop
 
@@ -136,11 +136,9 @@ def test_a_vocabulary_larger_than_the_corpus_supports_is_refused(tmp_path):
 
 def test_sigterm_during_the_first_compile_exits_within_seconds(tmp_path):
     root = Path(__file__).resolve().parents[3]
-    flags = [f"--config.{k}={v}" for k, v in (("num_train_steps", 5), ("data.train_limit", 300), ("data.vocab_size", 300),
-             ("data.token_budget", 512), ("data.bucket_lengths", "(64,)"), ("model.d_model", 16), ("model.num_heads", 2),
-             ("model.num_layers", 1), ("model.mlp_dim", 32), ("model.max_len", 128))]
+    flags = tiny_flags(5, **{"model.max_len": 128, "model.dtype": "auto"})  # the default's dtype: its longer compile
     process = subprocess.Popen(
-        [sys.executable, str(root / "train.py"), "--config", str(root / "configs/default.py"), f"--workdir={tmp_path}", *flags],
+        [sys.executable, str(root / "train.py"), f"--workdir={tmp_path}", *flags],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
     for line in process.stderr:  # the parameter count is logged right before the first step compiles
         if "model parameters" in line:

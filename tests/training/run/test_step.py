@@ -5,7 +5,8 @@ import numpy as np
 import optax
 import pytest
 
-from models import Transformer, TransformerConfig
+from models import Transformer
+from tiny import model_config
 from training.data.batching import BatchSchedule, as_arrays
 from training.run import step as step_lib
 
@@ -76,7 +77,7 @@ def test_a_packed_batch_steps_as_the_same_pairs_padded_one_a_row():
     pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14]), ([15], [16])]
     padded = as_arrays(BatchSchedule.assemble([s for s, _ in pairs], [t for _, t in pairs], rows=3, length=4))
     packed = as_arrays(BatchSchedule.assemble_packed([pairs[:2], pairs[2:]], rows=2, length=8))
-    model = Transformer(TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, dropout_rate=0.0))
+    model = Transformer(model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8))
     params = model.init(jax.random.key(0), padded["src"], padded["tgt_in"])["params"]
     state = step_lib.train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))  # update = -gradient
     step = jax.jit(lambda s, b: step_lib.train_step(s, b, jax.random.key(1), label_smoothing=0.1))
@@ -91,9 +92,8 @@ def test_a_packed_batch_steps_as_the_same_pairs_padded_one_a_row():
 def test_the_adaptive_span_l1_penalty_joins_the_loss_and_pulls_the_spans_in():
     """Loss with λ > 0 = loss without + λ Σ_layers mean_h(S clip(span_h, 0, 1)) (Sukhbaatar et al.'s L1), by hand."""
     batch = as_arrays(BatchSchedule.assemble([[5, 6, 7], [10, 11]], [[8, 9], [12, 13, 14]], rows=2, length=4))
-    config = dict(vocab_size=20, d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, dropout_rate=0.0,
-                  attention_type="span")
-    penalised, plain = (Transformer(TransformerConfig(**config, attention_options=dict(max_span=6, l1_penalty=lam)))
+    config = dict(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, attention_type="span")
+    penalised, plain = (Transformer(model_config(**config, attention_options=dict(max_span=6, l1_penalty=lam)))
                         for lam in (0.01, 0.0))
     params = plain.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"]
     fractions = {"/".join(str(k.key) for k in path): np.asarray(leaf)  # every span sublayer's [H] parameter

@@ -1,4 +1,5 @@
-"""`impl="cudnn"`: its named refusals (any backend) and, on a GPU, its numbers against the vmap path.
+"""`impl="cudnn"` (attention/impl/jax_nn.py; its `xla` twin is tested with every impl in tests/attention/test_core.py):
+its named refusals (any backend) and, on a GPU, its numbers against the vmap path.
 
 cuDNN computes in bfloat16/float16, so the GPU tests compare bfloat16 cuDNN with the vmap path run
 on the same bfloat16-rounded inputs in float32 at full precision; the tolerance is a few bfloat16
