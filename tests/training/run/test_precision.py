@@ -5,10 +5,9 @@ import json
 import jax.numpy as jnp
 import pytest
 
+from tiny import train_config as tiny_config
 from training import config as config_lib
 from training.run import precision
-
-from tests.training.run.test_loop import tiny_config
 
 BF16_FASTER = {"dtype": "bfloat16", "float32_s": 2.0, "bfloat16_s": 1.0}
 F32_FASTER = {"dtype": "float32", "float32_s": 1.0, "bfloat16_s": 1.0}
