@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[3]
 TOL = 1e-5
 
 
+# The checks run 7 trainings (2 one-device references, 4 meshes, pmap) on 8 fake devices in a subprocess:
+# over a minute of CPU, so the tests that read them are end-to-end runs, marked slow (`pytest -m slow`).
+slow = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def checks():
     # LLVM's -O0 halves the compile time of these tiny programs; the reference runs under the same flags.
@@ -30,6 +35,7 @@ def checks():
     return json.loads(run.stdout)
 
 
+@slow
 @pytest.mark.parametrize("run", ["mha_4x2", "mha_2x4", "gqa_4x2", "gqa_2x4"])
 def test_sharded_step_equals_the_one_device_step(checks, run):
     assert checks["devices"] == 8
@@ -65,6 +71,7 @@ EXPECTED = {
 }
 
 
+@slow
 @pytest.mark.parametrize("run", sorted(EXPECTED))
 def test_parameters_and_adam_moments_are_sharded_by_the_rules(checks, run):
     for name, (spec, shard_shape) in EXPECTED[run].items():
@@ -73,12 +80,14 @@ def test_parameters_and_adam_moments_are_sharded_by_the_rules(checks, run):
         assert got["shard_shape"] == shard_shape and got["mu_shard_shape"] == shard_shape, name
 
 
+@slow
 def test_pmap_matches_jit_on_the_same_global_batch(checks):
     pmap = checks["pmap"]
     np.testing.assert_allclose(pmap["losses"], pmap["jit_4x2_losses"], rtol=0, atol=TOL)
     assert pmap["loss"] < TOL and pmap["grads"] < TOL and pmap["params"] < TOL, pmap
 
 
+@slow
 def test_a_checkpoint_written_on_one_mesh_restores_on_another(checks):
     restore = checks["restore"]
     assert restore["step"] == 2 and restore["max_diff"] == 0.0
@@ -86,6 +95,7 @@ def test_a_checkpoint_written_on_one_mesh_restores_on_another(checks):
     assert restore["query_shard_shape"] == [32, 1, 8] and restore["query_spec"] == [None, "model", None]  # read with model=4
 
 
+@slow
 def test_bad_meshes_fail_before_compiling(checks):
     errors = checks["errors"]
     assert "3 * 2 = 6" in errors["product"] and "8" in errors["product"]
