@@ -32,7 +32,9 @@ def tiny():
     return model, params, src, tgt
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
+# Beam search under a limit is in the default run (test_a_limit_stops_...); beam_size 3 here compiles as many
+# programs again as greedy's, so it runs with `pytest -m slow`.
+@pytest.mark.parametrize("beam_size", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_translations_at_fixed_lengths_are_the_bucketed_ones_from_fewer_programs(tiny, beam_size):
     model, params, src, _ = tiny
     run = lambda lengths: translate.translate(model, params, src, beam_size=beam_size, alpha=0.6, max_extra_length=6,

@@ -20,7 +20,7 @@ TOL = 1e-5
 
 
 # The checks run 7 trainings (2 one-device references, 4 meshes, pmap) on 8 fake devices in a subprocess:
-# over a minute of CPU, so the tests that read them are end-to-end runs, marked slow (`pytest -m slow`).
+# seven trainings' compiles, so the tests that read them are end-to-end runs, marked slow (`pytest -m slow`).
 slow = pytest.mark.slow
 
 
