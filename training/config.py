@@ -11,13 +11,13 @@ import ml_collections
 
 import backends
 from models import Transformer, TransformerConfig
+from training.core import compile_cache, precision
+from training.core import step as step_lib
 from training.data import corpus
 from training.parallel import distributed, sharding
-from training.run import compile_cache, precision
-from training.run import step as step_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-DTYPE_SETTINGS = ("auto", *DTYPES)  # "auto": training/run/precision.py
+DTYPE_SETTINGS = ("auto", *DTYPES)  # "auto": training/core/precision.py
 PARALLELISMS = ("jit", "pmap")
 # Fields added after the first workdirs were written, with the values that reproduce how those
 # runs behaved; `complete` fills them into a config read back from an older config.json.
