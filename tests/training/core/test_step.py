@@ -1,4 +1,4 @@
-"""`training.run.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels; packed batches."""
+"""`training.core.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels; packed batches."""
 
 import jax
 import numpy as np
