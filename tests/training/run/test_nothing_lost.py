@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_checkpoints import corrupt_largest_file, state
+from tests.training.test_checkpoints import corrupt_largest_file, state
 from test_loop import tiny_config
 
 from training import checkpoints, config as config_lib
