@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
-from training.run import errors
+from training.core import errors
 
 
 def main(argv=None):
