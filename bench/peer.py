@@ -50,7 +50,7 @@ from training.data import tokenizer
 from training.data.batching import BatchSchedule, as_arrays
 from training.data.corpus import load_corpus
 from training.parallel import trainers
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 PEER_LENGTH = 64  # the peer's packed row length
 PEER_STEPS = {"small": 10, "base": 5}

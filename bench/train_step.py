@@ -25,7 +25,7 @@ import numpy as np
 import backends
 from bench.timing import median_ms
 from models import Transformer, TransformerConfig
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 # name: (model sizes, rows, length, reference steps/s)
 SIZES = {

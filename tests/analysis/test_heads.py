@@ -7,7 +7,7 @@ import pytest
 from analysis import heads, importance
 from models import Transformer, head_mask_variables
 from tiny import model_config
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 CONFIG = model_config(vocab_size=32, d_model=16, mlp_dim=32)
 

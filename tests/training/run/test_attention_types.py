@@ -12,7 +12,7 @@ from configs import default
 from models import Transformer
 from tiny import train_config
 from training import config as config_lib
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 VOCAB = 40
 

@@ -7,7 +7,7 @@ import pytest
 
 from tiny import train_config as tiny_config
 from training import config as config_lib
-from training.run import precision
+from training.core import precision
 
 BF16_FASTER = {"dtype": "bfloat16", "float32_s": 2.0, "bfloat16_s": 1.0}
 F32_FASTER = {"dtype": "float32", "float32_s": 1.0, "bfloat16_s": 1.0}
