@@ -99,7 +99,7 @@ def causal(q_logit: Array, k_logit: Array, value: Array, state: tuple[Array, Arr
     q_logit, value = (jnp.pad(x, widths(x)) for x in (q_logit, value))
     k_logit = jnp.pad(k_logit, widths(k_logit), constant_values=-jnp.inf)
     chunks = lambda x: jnp.moveaxis(x.reshape(B, (L + pad) // C, C, *x.shape[2:]), 1, 0)
-    tril = causal_from(0, C, C).astype(jnp.float32)  # within a chunk: key <= query
+    tril = causal_from(0, C, C).astype(jnp.float32)[None, None, None]  # [1, 1, 1, C, C]: in a chunk, key <= query
 
     def step(carry, xs):
         kv, z, shift = carry
