@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from attention.formulation import Formulation, resolve
-from attention.masks import allowed_by_position, and_masks, as_bool_mask
+from attention.masks import and_masks, as_bool_mask, causal_from
 
 Array = Any
 
@@ -86,7 +86,4 @@ def write(cache: Array, new: Array, index: Array) -> Array:
 
 def causal_mask(index: Array, new_length: int, max_length: int) -> Array:
     """`[batch..., 1, L_new, max_length]` bool (`[1, L_new, max_length]` for a scalar index): new query i sees keys <= index + i."""
-    steps = jnp.arange(new_length, dtype=index.dtype).reshape((1,) * index.ndim + (new_length,))
-    query_positions = index[..., None] + steps  # [batch..., L_new]
-    keys = jnp.arange(max_length, dtype=index.dtype).reshape((1,) * (index.ndim + 1) + (max_length,))
-    return allowed_by_position(query_positions[..., None], keys, True)[..., None, :, :]
+    return causal_from(index, new_length, max_length)[..., None, :, :]  # the head axis

@@ -12,11 +12,12 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, traverse_util
 from flax.nnx.module import first_from
 
-from attention import family
+from attention import multihead as mh
 from attention.checks import require
 from attention.masks import and_masks, structure_mask
 
@@ -99,11 +100,16 @@ def check_nnx_call(layer, inputs_q, decode, lengths, input_positions) -> None:
     """The NNX layer's call arguments that Flax's has or ours adds: in_features, lengths, input_positions."""
     require("", "inputs_q features", inputs_q.shape[-1], inputs_q.shape[-1] == layer.in_features,
             f"in_features = {layer.in_features} (shape {inputs_q.shape})")
-    if lengths is not None and not decode:
-        raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
+    mh.check_lengths(lengths, decode)
     if input_positions is not None and layer.attention_fn is None:
         raise ValueError("input_positions is forwarded to attention_fn, and attention_fn is None; set an "
                          "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)")
+
+
+def linen_dropout(layer, deterministic, dropout_rng):
+    """The Linen layer's (deterministic, dropout key or None), resolved as `flax.linen`'s layer resolves them."""
+    deterministic = layer.dropout_rate == 0.0 or nn.merge_param("deterministic", layer.deterministic, deterministic)
+    return deterministic, dropout_rng if deterministic or dropout_rng is not None else layer.make_rng("dropout")
 
 
 def nnx_dropout(layer, deterministic, rngs):
@@ -120,34 +126,6 @@ def nnx_dropout(layer, deterministic, rngs):
         raise ValueError("rngs must be provided to __call__ when dropout is on and the layer was built with "
                          "keep_rngs=False")
     return False, rngs()
-
-
-class NnxDecodeViews:
-    """Flax NNX's decode-cache entry points for the NNX layer, which provides `_allocate`."""
-
-    def _has_cache(self):
-        spec = family.member(self.attention_type)
-        if spec is not None and spec.decode == "state":
-            return getattr(self, self.attention_type).to_nnx__module.decode
-        return self.cached_key is not None
-
-    def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
-        """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
-        if len(input_shape) < 2:
-            raise ValueError(f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}")
-        self._allocate(tuple(input_shape[:-2]), input_shape[-2], dtype)
-
-    def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
-                 batch_size: int | tuple[int, ...] | None = None, max_length: int | None = None):
-        """Used by `nnx.view`: set modes; with `decode=True`, allocate the cache if it is missing or sized here."""
-        self.deterministic = self.deterministic if deterministic is None else deterministic
-        self.decode = self.decode if decode is None else decode
-        if not decode or (self._has_cache() and batch_size is None and max_length is None):
-            return
-        if batch_size is None or max_length is None:
-            raise ValueError(f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
-                             f"batch_size={batch_size!r}, max_length={max_length!r}")
-        self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
 
 
 def to_linen_params(layer: nnx.Module) -> dict:
@@ -167,8 +145,8 @@ def load_linen_params(layer: nnx.Module, params: Mapping[str, Any]) -> None:
     another shape.
     """
     state = nnx.state(layer, nnx.Param)
-    ours = _flat(nnx.to_pure_dict(state))
-    theirs = _flat(params)
+    ours = traverse_util.flatten_dict(nnx.to_pure_dict(state))
+    theirs = traverse_util.flatten_dict(dict(params))
     for path in sorted(set(ours) | set(theirs)):
         name = "/".join(path)
         if path not in theirs:
@@ -179,24 +157,8 @@ def load_linen_params(layer: nnx.Module, params: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"params: {name} has shape {tuple(jnp.shape(theirs[path]))}; the layer expects {tuple(ours[path].shape)}"
             )
-    nnx.replace_by_pure_dict(state, _unflatten({p: jnp.asarray(v) for p, v in theirs.items()}))
+    nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({p: jnp.asarray(v) for p, v in theirs.items()}))
     nnx.update(layer, state)
-
-
-def _flat(tree, prefix=()):
-    if not isinstance(tree, Mapping):
-        return {prefix: tree}
-    return {path: leaf for key, sub in tree.items() for path, leaf in _flat(sub, (*prefix, str(key))).items()}
-
-
-def _unflatten(flat):
-    tree: dict = {}
-    for path, leaf in flat.items():
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = leaf
-    return tree
 
 
 def resolve_nnx_inputs(inputs_q, inputs_k, inputs_v):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attention.checks import is_positive_int, require
+from attention.checks import is_positive_int, require, require_positive_ints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +40,8 @@ class HeadGeometry:
         when `head_dim` is None: d_k = features / H, which must divide evenly; errors call it
         `features_name`.
         """
-        require(owner, "num_heads", num_heads, is_positive_int(num_heads), "a positive int")
-        for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim)):
-            require(owner, name, value, value is None or is_positive_int(value), "None or a positive int")
+        require_positive_ints(owner, num_heads=num_heads)
+        require_positive_ints(owner, optional=True, num_kv_heads=num_kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         require(owner, "num_kv_heads", num_kv_heads, num_heads % kv_heads == 0,
                  f"a divisor of num_heads ({num_heads}): num_heads ({num_heads}) must be divisible "

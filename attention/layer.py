@@ -33,9 +33,10 @@ class MultiHeadAttention(nn.Module):
     holds none stores them) and reuse them, not reading `inputs_k`/`inputs_v`: cross-attention decoding.
 
     Decoding (`decode=True`): `init` with the full-length input sizes the cache `[batch..., G,
-    max_length, D]`; each later call appends its L_new >= 1 keys/values at `cache_index` (one
-    position for the batch, as Flax's) and attends causally (`attention.cache`). Under beam
-    search a `beam_rows` table in the cache is read in place (`attention.beams`).
+    max_length, D]`; each later call appends its L_new >= 1 keys/values at `cache_index`, one position
+    for the batch (`[]`, Flax's) or with `per_sequence_index` one per sequence (`[batch...]`, advanced
+    by a call's `lengths`), and attends causally (`attention.cache`). Under beam search a `beam_rows`
+    table in the cache is read in place (`attention.beams`).
     """
 
     num_heads: int
@@ -71,43 +72,40 @@ class MultiHeadAttention(nn.Module):
     attention_type: str = "softmax"
     attention_options: Mapping[str, Any] | None = None
     formulation: Any = None
+    per_sequence_index: bool = False
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,
                  inputs_kv: Array | None = None, mask: Array | None = None, deterministic: bool | None = None,
                  dropout_rng: Array | None = None, sow_weights: bool = False, head_mask: Array | None = None,
-                 is_causal: bool = False) -> Array:
+                 is_causal: bool = False, lengths: Array | None = None) -> Array:
         """Self-attention on `inputs_q [batch..., Lq, D]`, or cross-attention to `inputs_k`/`inputs_v`.
 
         mask: broadcastable to `[batch..., H, Lq, Lk]`: bool (True = attend) or numeric (non-zero = attend).
         head_mask: float, broadcastable to `[batch..., H]`; scales each head's output before W^O.
         sow_weights: sow the weights `[batch..., H, Lq, Lk]` as `intermediates/attention_weights`.
+        lengths: with `decode` and `per_sequence_index`, the real new tokens per sequence, int `[batch...]`.
         Returns `[batch..., Lq, out_features or D]`.
         """
         inputs_k, inputs_v = flax_compat.resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
-        geometry, blocks = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q)
-        options = family.check_options(self.attention_type, self.attention_options)  # checks the name too
+        geometry, blocks, options = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q, lengths)
         if self.attention_type != "softmax":
-            x = self._family_attention(options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights)
+            x = self._family_attention(options, geometry, (inputs_q, inputs_k, inputs_v), mask, is_causal, sow_weights,
+                                       lengths)
             return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
-        deterministic = self.dropout_rate == 0.0 or nn.merge_param("deterministic", self.deterministic, deterministic)
-        if not deterministic and dropout_rng is None:
-            dropout_rng = self.make_rng("dropout")
+        deterministic, dropout_rng = flax_compat.linen_dropout(self, deterministic, dropout_rng)
         in_place = self.attention_fn is None and not sow_weights and deterministic
-        step, beam_rows = self._use_cache(key, value, mask, in_place) if self.decode else (None, None)
+        step, beam_rows = self._use_cache(key, value, mask, in_place, lengths) if self.decode else (None, None)
         if step is not None:  # the cache mask is causal, at the right offset
             key, value, mask, is_causal = step.key, step.value, step.mask, False
-        if beam_rows is not None:
-            x = beams.history_attention(query, key, value, beam_rows, mask, dtype=self.dtype,
-                                        precision=self.precision, formulation=resolve(self.formulation))
-        elif self.attention_fn is not None:
+        if self.attention_fn is not None:
             x = flax_compat.call_attention_fn(self, query, key, value, mask, is_causal, deterministic, dropout_rng,
                                               sow_weights)
         else:
             x = mh.exact_heads(
                 query, key, value, sow=self._sow if sow_weights else None, impl=self.impl, **blocks, mask=mask,
-                is_causal=is_causal, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
+                beam_rows=beam_rows, is_causal=is_causal, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
                 deterministic=deterministic, broadcast_dropout=self.broadcast_dropout, dtype=self.dtype,
                 precision=self.precision, formulation=self.formulation)
         return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
@@ -121,22 +119,24 @@ class MultiHeadAttention(nn.Module):
             features=self.out_features or inputs_q.shape[-1], axis=(-2, -1), kernel_init=self.out_kernel_init or
             self.kernel_init, bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
             param_dtype=self.param_dtype, precision=self.precision, dot_general=self.out_dot_general,
-            dot_general_cls=self.out_dot_general_cls, name="out",
-        )(x)
+            dot_general_cls=self.out_dot_general_cls, name="out")(x)
 
-    def _family_attention(self, options, geometry, inputs_q, inputs_k, inputs_v, mask, is_causal, sow_weights):
+    def _family_attention(self, options, geometry, inputs, mask, is_causal, sow_weights, lengths):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        causal = is_causal or self.decode
+        causal, (inputs_q, inputs_k, inputs_v) = is_causal or self.decode, inputs
         spec = mh.check_member_call(type(self).__name__, self, geometry, is_self=inputs_k is inputs_q and inputs_v is
                                     inputs_q, values_are_keys=inputs_v is inputs_k, causal=causal, decode=self.decode,
                                     sow_weights=sow_weights)
+        family.check_state_decode(self.attention_type, spec, decode=self.decode, lengths=lengths,
+                                  in_decode_mode=self.decode and spec.decode == "state")
         module = mh.make_member(self, options, geometry, decode=self.decode, kernel_init=self.kernel_init)
         project = functools.partial(self._project, geometry=geometry)
-        return mh.family_heads(spec, module, project, self._use_cache, (inputs_q, inputs_k, inputs_v), mask,
-                               num_heads=self.num_heads, causal=causal, decode=self.decode)
+        use_cache = functools.partial(self._use_cache, lengths=lengths)
+        return mh.family_heads(spec, module, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal,
+                               decode=self.decode)
 
-    def _check_config(self, inputs_q, is_self_attention):
-        """Validate the attributes; return the resolved `HeadGeometry` and `attend`'s block sizes."""
+    def _check_config(self, inputs_q, is_self_attention, lengths):
+        """Validate the attributes and `lengths`; return the `HeadGeometry`, `attend`'s block sizes, the member's options."""
         owner = f"{type(self).__name__}."
         geometry = HeadGeometry.resolve(
             self.num_heads, num_kv_heads=self.num_kv_heads, v_head_dim=self.v_head_dim,
@@ -146,11 +146,11 @@ class MultiHeadAttention(nn.Module):
                                    fused_qkv=self.fused_qkv, dropout_rate=self.dropout_rate)
         mh.check_fused_inputs(self.fused_qkv, is_self_attention)
         if self.cache_cross_kv and self.decode:
-            raise ValueError(f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv "
-                             "keeps a source's keys/values (cross-attention), decode appends to a growing "
-                             "self-attention cache")
+            raise ValueError(f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
+                             "a source's keys/values (cross-attention), decode appends to a self-attention cache")
         flax_compat.check_einsum_cls(self)
-        return geometry, blocks
+        mh.check_lengths(lengths, self.decode)
+        return geometry, blocks, family.check_options(self.attention_type, self.attention_options)  # checks the name too
 
     def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):
         """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk] (q when `shared_qk`), v [batch..., Lk, G, Dv]; qk-normed."""
@@ -180,21 +180,21 @@ class MultiHeadAttention(nn.Module):
         fill = self.is_mutable_collection("cache") and not self.is_initializing()
         return mh.cross_kv(stored, project_kv, functools.partial(self.put_variable, "cache") if fill else None)
 
-    def _use_cache(self, key, value, mask, beams_in_place):
+    def _use_cache(self, key, value, mask, beams_in_place, lengths=None):
         """`multihead.decode_step` over the `cache` collection -> (`cache.Step`, beam_rows); (None, None) at init."""
         initialized = self.has_variable("cache", "cached_key")
-        heads_first = lambda x: (*x.shape[:-3], x.shape[-2], x.shape[-3], x.shape[-1])  # noqa: E731
         dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
-        variables = [self.variable("cache", f"cached_{n}", jnp.zeros, heads_first(x), dtype)
-                     for n, x in (("key", key), ("value", value))]
-        variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32)))
+        zeros = functools.partial(mh.empty_cache, key.shape[:-3], *key.shape[-3:], value.shape[-1], dtype,
+                                  per_sequence=self.per_sequence_index)
+        variables = [self.variable("cache", name, lambda i=i: zeros()[i]) for i, name in enumerate(mh.CACHE)]
         if not initialized:  # init: size the cache, attend over the inputs as usual
             return None, None
-        rows = self.get_variable("cache", beams.ROWS) if self.has_variable("cache", beams.ROWS) else None
+        rows = self.get_variable("cache", beams.ROWS)  # None unless beam search put its table there
         if rows is not None:  # tells beam search this cache was read through the table (attention.beams)
             self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
         step, rows = mh.decode_step(tuple(v.value for v in variables), key, value, mask, num_heads=self.num_heads,
-                                    formulation=resolve(self.formulation), beam_rows=rows, beams_in_place=beams_in_place)
+                                    lengths=lengths, formulation=resolve(self.formulation), beam_rows=rows,
+                                    beams_in_place=beams_in_place)
         for variable, new in zip(variables, step[:3]):
             variable.value = new
         return step, rows

@@ -149,6 +149,18 @@ def allowed_by_position(query_pos: Array, key_pos: Array, is_causal: bool,
     return allowed
 
 
+def causal_from(offset: Array | int, query_length: int, key_length: int) -> Array:
+    """`[*offset.shape, Lq, Lk]` bool: query i, at absolute position offset + i, sees keys j <= offset + i.
+
+    A decode step's causality over a cache of `key_length` positions (offset: the first new
+    query's position, `[]` or one per sequence); offset 0 is the full pass's top-left causal mask.
+    """
+    offset = jnp.asarray(offset)
+    ones = (1,) * offset.ndim  # ranks spelled out: no implicit rank promotion
+    queries = offset[..., None, None] + jnp.arange(query_length, dtype=offset.dtype).reshape(*ones, query_length, 1)
+    return allowed_by_position(queries, jnp.arange(key_length, dtype=offset.dtype).reshape(*ones, 1, key_length), True)
+
+
 def structure_mask(
     query_length: int,
     key_length: int,

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 
 from attention import beams, cache, family
-from attention.checks import is_positive_int
+from attention.checks import is_positive_int, require
 from attention.core import IMPLS, attend
 from attention.grouped import flatten_batch
 from attention.masks import as_bool_mask, head_multiplier
@@ -47,12 +48,22 @@ def check_fused_inputs(fused_qkv: bool, is_self: bool) -> None:
                          "(inputs_k and inputs_v None or the same array as inputs_q)")
 
 
-def exact_heads(query: Array, key: Array, value: Array, *, sow: Callable | None, impl: str, **options) -> Array:
+def check_lengths(lengths, decode: bool) -> None:
+    if lengths is not None and not decode:
+        raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
+
+
+def exact_heads(query: Array, key: Array, value: Array, *, sow: Callable | None, impl: str,
+                beam_rows: Array | None = None, **options) -> Array:
     """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
 
     `sow(weights)`, when given, receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs
-    "vmap", and an `impl` that exposes none is a ValueError.
+    "vmap", and an `impl` that exposes none is a ValueError. With `beam_rows` (from `decode_step`
+    with `beams_in_place`) k and v are a beam-search cache read in place (`attention.beams`).
     """
+    if beam_rows is not None:
+        return beams.history_attention(query, key, value, beam_rows, options["mask"], dtype=options.get("dtype"),
+                                       precision=options.get("precision"), formulation=options.get("formulation"))
     impl = "vmap" if sow is not None and impl == "auto" else impl
     x, weights = attend(query, key, value, impl=impl, **options)
     if sow is not None:
@@ -113,6 +124,38 @@ def member_heads(call: Callable, inputs: tuple, mask: Array | None, *, num_heads
         mask = flatten_batch(as_bool_mask("mask", mask, (*batch, num_heads, Lq, Lk)), batch)
     x = call(*(x.reshape(-1, *x.shape[n:]) for x in inputs), mask=mask, **kwargs)
     return x.reshape(*batch, *x.shape[1:])
+
+
+def member_input_shapes(spec, geometry, batch: tuple, length: int, in_features: int, in_kv_features: int) -> tuple:
+    """Shapes `[B, length, ...]` of a member's call inputs (B = prod(batch)): what its Linen init needs.
+
+    A member that projects takes the layer's inputs, the others its projected q, k, v.
+    """
+    B, H, G, d_k, d_v = math.prod(batch), geometry.num_heads, geometry.num_kv_heads, geometry.head_dim, geometry.v_head_dim
+    if spec.projects:
+        return (B, length, in_features), (B, length, in_kv_features)
+    return (B, length, H, d_k), (B, length, G, d_k), (B, length, G, d_v)
+
+
+def check_cache_size(batch: tuple, max_length: int) -> None:
+    """A ValueError unless a cache's batch sizes and max_length are positive ints."""
+    require("the cache's ", "batch and max_length", (*batch, max_length),
+            all(map(is_positive_int, (*batch, max_length))), "positive ints")
+
+
+CACHE = ("cached_key", "cached_value", "cache_index")  # the names of a layer's decode-cache variables
+
+
+def empty_cache(batch: tuple, max_length: int, num_kv_heads: int, head_dim: int, v_head_dim: int, dtype, *,
+                per_sequence: bool = True) -> tuple:
+    """Zero `CACHE`: `cached_key [batch..., G, max_length, d_k]`, `cached_value [..., d_v]` and `cache_index`.
+
+    The index is one position per sequence, `[batch...]`, or with `per_sequence=False` one for the
+    batch, `[]` (Flax's variable); `attention.cache` takes either.
+    """
+    shape = (*batch, num_kv_heads, max_length)
+    return (jnp.zeros((*shape, head_dim), dtype), jnp.zeros((*shape, v_head_dim), dtype),
+            jnp.zeros(batch if per_sequence else (), jnp.int32))
 
 
 def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Callable):

@@ -13,23 +13,27 @@ from types import MappingProxyType
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 from flax.nnx.nn.linear import default_kernel_init
 
 from attention import family, flax_compat
 from attention import multihead as mh
-from attention.checks import is_positive_int, require, require_positive_ints
+from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
-from attention.formulation import resolve
 from attention.geometry import HeadGeometry
+from attention.nnx_state import DecodeState
 
 Array = Any
 _EMPTY = MappingProxyType({})
+_KEPT = (  # the constructor arguments kept as attributes (Flax's layer keeps them so)
+    "in_features", "dtype", "param_dtype", "broadcast_dropout", "dropout_rate", "deterministic", "precision", "use_bias",
+    "attention_fn", "decode", "normalize_qk", "qkv_promote_dtype", "out_promote_dtype", "ln_promote_dtype",
+    "qkv_dot_general", "out_dot_general", "qkv_dot_general_cls", "out_dot_general_cls", "impl", "block_sizes",
+    "fused_qkv", "attention_type", "formulation", "cache_cross_kv")
 
 
-class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
+class MultiHeadAttention(DecodeState, nnx.Module):
     """Multi-head attention with `num_kv_heads` key/value heads (MHA, GQA or MQA).
 
     Arguments: `flax.nnx.MultiHeadAttention`'s, plus, keyword-only, the options both faces take
@@ -37,6 +41,8 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
     Decoding: `init_cache` / `nnx.view(..., decode=True)` allocate `cached_key [batch..., G,
     max_length, d_k]`, `cached_value` and `cache_index [batch...]`, one position per sequence
     (`attention.cache`); a call's `lengths [batch...]` says how many new tokens are real.
+    `cache_cross_kv`: a cross-attention layer's decode calls keep the projected source keys/values
+    (`cross_key`/`cross_value`, from the first such call after `init_cache`) and reuse them.
     """
 
     def __init__(
@@ -55,7 +61,7 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
         query_ln_scale_metadata: Mapping[str, Any] = _EMPTY, key_ln_scale_metadata: Mapping[str, Any] = _EMPTY,
         impl: str = "vmap", block_sizes: tuple[int, int] | None = None, fused_qkv: bool = False,
         v_head_dim: int | None = None, attention_type: str = "softmax",
-        attention_options: Mapping[str, Any] | None = None, formulation: Any = None,
+        attention_options: Mapping[str, Any] | None = None, formulation: Any = None, cache_cross_kv: bool = False,
     ):
         owner = f"{type(self).__name__}."
         require_positive_ints(owner, in_features=in_features)
@@ -65,22 +71,17 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
             x if x is not None else in_features for x in (qkv_features, out_features, in_kv_features))
         geometry = HeadGeometry.resolve(num_heads, num_kv_heads=num_kv_heads, v_head_dim=v_head_dim,
                                         features=self.qkv_features, features_name="qkv_features", owner=owner)
+        self.geometry = geometry
         self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim = dataclasses.astuple(geometry)
         self.blocks = mh.check_settings(owner, geometry, impl=impl, block_sizes=block_sizes, fused_qkv=fused_qkv,
                                         dropout_rate=dropout_rate)
         require(owner, "in_kv_features", self.in_kv_features, not fused_qkv or self.in_kv_features == in_features,
                 f"None or in_features ({in_features}): fused_qkv=True is self-attention")
         options = family.check_options(attention_type, attention_options)  # checks the name too
-        for name, value in dict(
-            in_features=in_features, dtype=dtype, param_dtype=param_dtype, broadcast_dropout=broadcast_dropout,
-            dropout_rate=dropout_rate, deterministic=deterministic, precision=precision, use_bias=use_bias,
-            attention_fn=attention_fn, decode=decode, normalize_qk=normalize_qk, qkv_promote_dtype=qkv_promote_dtype,
-            out_promote_dtype=out_promote_dtype, ln_promote_dtype=ln_promote_dtype, qkv_dot_general=qkv_dot_general,
-            out_dot_general=out_dot_general, qkv_dot_general_cls=qkv_dot_general_cls,
-            out_dot_general_cls=out_dot_general_cls, impl=impl, block_sizes=block_sizes, fused_qkv=fused_qkv,
-            attention_type=attention_type, attention_options=MappingProxyType(options), formulation=formulation,
-        ).items():
-            setattr(self, name, value)
+        arguments = locals()
+        for name in _KEPT:
+            setattr(self, name, arguments[name])
+        self.attention_options = MappingProxyType(options)
         spec = family.member(attention_type)
         if spec is not None:  # what can be refused before a call is refused here
             mh.check_member_call(type(self).__name__, self, geometry, is_self=True, values_are_keys=True,
@@ -92,7 +93,8 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
                           out_bias_metadata=out_bias_metadata or bias_metadata, query_ln=query_ln_scale_metadata,
                           key_ln=key_ln_scale_metadata)
         self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
-        self.cached_key, self.cached_value, self.cache_index = nnx.data(None), nnx.data(None), nnx.data(None)
+        for name in (*mh.CACHE, *mh.CROSS_KV):
+            setattr(self, name, nnx.data(None))
 
     def _make_layers(self, spec, geometry, options, rngs, *, kernel_init, bias_init, out_kernel_init, out_bias_init,
                      kernel_metadata, bias_metadata, out_kernel_metadata, out_bias_metadata, query_ln, key_ln):
@@ -114,7 +116,8 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
             self.value = linear(self.in_kv_features, out_features=(G, d_v))
         if spec is not None:
             member = nnx.bridge.ToNNX(mh.make_member(self, options, geometry, decode=False, kernel_init=kernel_init))
-            nnx.bridge.lazy_init(member, *map(jnp.zeros, self._member_input_shapes(spec, (1,), 1)), rngs=rngs.params())
+            shapes = mh.member_input_shapes(spec, geometry, (1,), 1, self.in_features, self.in_kv_features)
+            nnx.bridge.lazy_init(member, *map(jnp.zeros, shapes), rngs=rngs.params())
             setattr(self, self.attention_type, member)
         norm = functools.partial(nnx.LayerNorm, d_k, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
                                  promote_dtype=self.ln_promote_dtype, rngs=rngs)
@@ -141,11 +144,13 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
         inputs_k, inputs_v = flax_compat.resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
         decode = bool(decode if decode is not None else self.decode)
         flax_compat.check_nnx_call(self, inputs_q, decode, lengths, input_positions)
+        cross, decode = decode and self.cache_cross_kv, decode and not self.cache_cross_kv  # cross: the stored source
+        project = functools.partial(self._project, sharding=qkv_sharding, cross=cross)
         if self.attention_type != "softmax":
-            x = self._family_attention(inputs_q, inputs_k, inputs_v, mask, is_causal, decode, lengths, sow_weights,
-                                       qkv_sharding)
+            x = self._family_attention((inputs_q, inputs_k, inputs_v), mask, is_causal, decode, lengths, sow_weights,
+                                       project)
             return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, sharding=qkv_sharding)
+        query, key, value = project(inputs_q, inputs_k, inputs_v)
         if decode:  # the cache mask is causal, at each sequence's offset
             step = self._use_cache(key, value, mask, lengths)
             key, value, mask, is_causal = step.key, step.value, step.mask, False
@@ -162,67 +167,33 @@ class MultiHeadAttention(flax_compat.NnxDecodeViews, nnx.Module):
                                is_causal=is_causal, formulation=self.formulation)
         return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
 
-    def _family_attention(self, inputs_q, inputs_k, inputs_v, mask, is_causal, decode, lengths, sow_weights, sharding):
+    def _family_attention(self, inputs, mask, is_causal, decode, lengths, sow_weights, project):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        name, causal = self.attention_type, is_causal or decode
-        geometry = HeadGeometry(self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim)
-        spec = mh.check_member_call(type(self).__name__, self, geometry, is_self=inputs_k is inputs_q and inputs_v is
-                                    inputs_q, values_are_keys=inputs_v is inputs_k, causal=causal, decode=decode,
+        (inputs_q, inputs_k, inputs_v), name, causal = inputs, self.attention_type, is_causal or decode
+        spec = mh.check_member_call(type(self).__name__, self, self.geometry, is_self=inputs_k is inputs_q and inputs_v
+                                    is inputs_q, values_are_keys=inputs_v is inputs_k, causal=causal, decode=decode,
                                     sow_weights=sow_weights)
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
         use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)  # noqa: E731
-        return mh.family_heads(spec, member, functools.partial(self._project, sharding=sharding), use_cache,
-                               (inputs_q, inputs_k, inputs_v), mask, num_heads=self.num_heads, causal=causal,
+        return mh.family_heads(spec, member, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal,
                                decode=decode, mutable=["cache"] if own_state else False)  # ToNNX keeps the new state
 
-    def _member_input_shapes(self, spec, batch, length):
-        """Shapes `[B, length, ...]` of the member's call inputs (B = prod(batch)): what its Linen init needs."""
-        B, H, G = int(np.prod(batch)), self.num_heads, self.num_kv_heads
-        if spec.projects:
-            return (B, length, self.in_features), (B, length, self.in_kv_features)
-        return (B, length, H, self.head_dim), (B, length, G, self.head_dim), (B, length, G, self.v_head_dim)
+    def _project(self, inputs_q, inputs_k, inputs_v, sharding=None, shared_qk=False, cross=False):
+        """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q when `shared_qk`), v `[batch..., Lk, G, d_v]`; qk-normed.
 
-    def _project(self, inputs_q, inputs_k, inputs_v, sharding=None, shared_qk=False):
-        """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q when `shared_qk`), v `[batch..., Lk, G, d_v]`; qk-normed."""
+        `cross`: k and v are the stored source's (`cache_cross_kv`), projected and stored if none is.
+        """
         if self.fused_qkv:
             mh.check_fused_inputs(True, inputs_k is inputs_q and inputs_v is inputs_q)
             qkv = self.qkv(inputs_q, out_sharding=sharding)
             query, key, value = jnp.split(qkv, [self.num_heads, self.num_heads + self.num_kv_heads], axis=-2)
         else:
             query = self.query(inputs_q, out_sharding=sharding)
-            key = query if shared_qk else self.key(inputs_k, out_sharding=sharding)
-            value = self.value(inputs_v, out_sharding=sharding)
+            project_kv = lambda: (query if shared_qk else self.key(inputs_k, out_sharding=sharding),  # noqa: E731
+                                  self.value(inputs_v, out_sharding=sharding))
+            key, value = self._cross_kv(project_kv) if cross else project_kv()
         if self.normalize_qk:
             query, key = self.query_ln(query), self.key_ln(key)
         return query, key, value
-
-    def _use_cache(self, key, value, mask, lengths):
-        """`multihead.decode_step` over the cache attributes -> `cache.Step`."""
-        if self.cached_key is None or self.cached_value is None or self.cache_index is None:
-            raise ValueError("decode=True needs the cache: call init_cache(input_shape) or "
-                             "nnx.view(layer, decode=True, batch_size=..., max_length=...) first")
-        variables = (self.cached_key, self.cached_value, self.cache_index)
-        step, _ = mh.decode_step(tuple(v[...] for v in variables), key, value, mask, num_heads=self.num_heads,
-                                 lengths=lengths, formulation=resolve(self.formulation))
-        for variable, new in zip(variables, step[:3]):
-            variable[...] = new
-        return step
-
-    def _allocate(self, batch, max_length, dtype):
-        if not all(map(is_positive_int, (*batch, max_length))):
-            raise ValueError(f"the cache needs positive int batch sizes and max_length, got batch {batch}, "
-                             f"max_length {max_length!r}")
-        spec = family.member(self.attention_type)
-        if spec is not None and spec.decode == "state":  # the member's own state, shaped by its Linen init
-            member = getattr(self, self.attention_type)
-            member.to_nnx__module, state = family.decode_state(member.to_nnx__module,
-                                                               self._member_input_shapes(spec, batch, max_length))
-            for name, zeros in state.items():
-                setattr(member, name, nnx.Cache(zeros))
-            return
-        G = self.num_kv_heads
-        self.cached_key = nnx.Cache(jnp.zeros((*batch, G, max_length, self.head_dim), dtype))
-        self.cached_value = nnx.Cache(jnp.zeros((*batch, G, max_length, self.v_head_dim), dtype))
-        self.cache_index = nnx.Cache(jnp.zeros(batch, jnp.int32))

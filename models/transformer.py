@@ -41,7 +41,7 @@ from flax.core import FrozenDict
 from jax import lax
 
 import attention
-from attention import family
+from attention import checks, family
 from models import tokens
 from models.dropout import Dropout
 
@@ -134,13 +134,8 @@ class TransformerConfig:
         _require("pad_id/eos_id/bos_id", ids, len(set(ids)) == 3, "three distinct ids")
 
 
-def _is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _require(name, value, ok, expected):
-    if not ok:
-        raise ValueError(f"TransformerConfig.{name} = {value!r}; expected {expected}")
+_is_positive_int = checks.is_positive_int
+_require = functools.partial(checks.require, "TransformerConfig.")  # (name, value, ok, expected)
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:

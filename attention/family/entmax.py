@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from attention.family.member import LayerFilled, grouped_queries
-from attention.masks import allowed_by_position
+from attention.masks import causal_from
 
 Array = Any
 _ALPHA_MIN = 1.0 + 1e-3  # α is clipped here: at α = 1 the closed form divides by α − 1
@@ -126,8 +126,7 @@ def _allowed(mask, is_causal, query_offset, G, Lq, Lk):
         groups = (G, Hm // G) if Hm != 1 else (1, 1)
         parts.append(mask.reshape(Bm, *groups, *mask.shape[2:]))
     if is_causal:  # query_offset: an int or one per sequence, [B]
-        q_pos = jnp.reshape(query_offset, (-1, 1, 1)) + jnp.arange(Lq)[None, :, None]
-        parts.append(allowed_by_position(q_pos, jnp.arange(Lk)[None, None, :], True)[:, None, None])
+        parts.append(causal_from(jnp.reshape(query_offset, (-1,)), Lq, Lk)[:, None, None])
     if not parts:
         return None
     allowed = parts[0] if len(parts) == 1 else parts[0] & parts[1]

@@ -21,8 +21,9 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from attention.checks import require_positive_ints
 from attention.core import attend
-from attention.family.member import LayerFilled, key_padding, require_positive_ints
+from attention.family.member import LayerFilled, key_padding
 
 Array = Any
 
@@ -56,7 +57,7 @@ class Linformer(LayerFilled):
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
         """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`; mask: key padding only. -> `[B, Lq, H, d_v]`."""
-        require_positive_ints("linformer", max_length=self.max_length, projected_length=self.projected_length)
+        require_positive_ints("linformer ", max_length=self.max_length, projected_length=self.projected_length)
         if is_causal:
             raise ValueError(
                 "attention_type='linformer' cannot be causal: E and F mix all positions; "

@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from attention import checks
 
 Array = Any
 
@@ -58,11 +57,6 @@ LAYER_FIELDS = (
     "dtype", "param_dtype", "precision", "formulation", "impl", "decode", "kernel_init", "use_bias",
     "num_heads", "head_dim", "v_head_dim", "parent", "name",
 )
-
-
-def require_positive_ints(member: str, **settings) -> None:
-    """ValueError naming the first setting that is not a positive int (`member` names the attention_type)."""
-    checks.require_positive_ints(f"{member} ", **settings)
 
 
 def key_padding(attention_type: str, mask: Array | None, key_length: int) -> Array | None:

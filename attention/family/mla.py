@@ -21,6 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 from attention import cache as kv_cache
+from attention.checks import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled
 from attention.head import softmax
@@ -45,9 +46,8 @@ class MLA(LayerFilled):
     def __call__(self, inputs_q, inputs_kv, *, mask=None, is_causal=False):
         """inputs_q `[B, Lq, D]`, inputs_kv `[B, Lk, D_kv]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`."""
         H, d_k, d_v = self.num_heads, self.head_dim, self.v_head_dim
+        require_positive_ints("mla ", optional=True, latent_dim=self.latent_dim)
         d_c = self.latent_dim or 4 * d_k
-        if not isinstance(d_c, int) or d_c < 1:
-            raise ValueError(f"mla latent_dim = {self.latent_dim!r}; expected None or a positive int")
         dense = functools.partial(nn.DenseGeneral, dtype=self.dtype, param_dtype=self.param_dtype,
                                   precision=self.precision, kernel_init=self.kernel_init)
         query = dense(features=(H, d_k), use_bias=self.use_bias, name="query")(inputs_q)

@@ -35,7 +35,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.family.member import LayerFilled, grouped_queries, key_padding, require_positive_ints
+from attention.checks import require_positive_ints
+from attention.family.member import LayerFilled, grouped_queries, key_padding
+from attention.masks import causal_from
 
 Array = Any
 _TINY = 1e-30  # below it a denominator counts as 0: that query (features all underflowed, or padding) outputs 0
@@ -97,7 +99,7 @@ def causal(q_logit: Array, k_logit: Array, value: Array, state: tuple[Array, Arr
     q_logit, value = (jnp.pad(x, widths(x)) for x in (q_logit, value))
     k_logit = jnp.pad(k_logit, widths(k_logit), constant_values=-jnp.inf)
     chunks = lambda x: jnp.moveaxis(x.reshape(B, (L + pad) // C, C, *x.shape[2:]), 1, 0)
-    tril = jnp.tril(jnp.ones((1, 1, 1, C, C), jnp.float32))
+    tril = causal_from(0, C, C).astype(jnp.float32)[None, None, None]  # [1, 1, 1, C, C]: in a chunk, key <= query
 
     def step(carry, xs):
         kv, z, shift = carry
@@ -129,7 +131,7 @@ class Performer(LayerFilled):
         """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`; mask: key padding only. -> `[B, Lq, H, d_v]`."""
         d_k, G, d_v = query.shape[-1], key.shape[-2], value.shape[-1]
         m = self.num_features or max(1, round(d_k * math.log(d_k)))
-        require_positive_ints("performer", num_features=m, chunk_length=self.chunk_length)
+        require_positive_ints("performer ", num_features=m, chunk_length=self.chunk_length)
         w = self.param("random_features", lambda rng, shape, dtype: orthogonal_features(rng, *shape, dtype),
                        (m, d_k), self.param_dtype)
         q_logit, k_logit = feature_logits(query, key, lax.stop_gradient(w))

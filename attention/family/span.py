@@ -24,8 +24,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from attention.beams import history_attention
+from attention.checks import require_positive_ints
 from attention.core import attend
-from attention.family.member import LayerFilled, require_positive_ints
+from attention.family.member import LayerFilled
 
 Array = Any
 
@@ -50,7 +51,7 @@ class Span(LayerFilled):
 
         beam_rows `[sources, K, Lk]`: under beam search, the cache read in place (`attention.beams`).
         """
-        require_positive_ints("span", max_span=self.max_span, ramp=self.ramp)
+        require_positive_ints("span ", max_span=self.max_span, ramp=self.ramp)
         if not 0.0 <= self.span_init <= 1.0:
             raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
         if not (isinstance(self.l1_penalty, (int, float)) and self.l1_penalty >= 0):

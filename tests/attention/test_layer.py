@@ -363,3 +363,37 @@ def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them():
     # a later step reads the cache: another source is not read, the first one's answer comes back
     later = cross.apply({"params": params, "cache": cache}, x, other)
     np.testing.assert_allclose(later, plain.apply({"params": params}, x, source), atol=1e-6)
+
+
+def test_per_sequence_index_decodes_ragged_prompts_as_the_full_causal_pass():
+    """`per_sequence_index=True`: cache_index [B], a ragged prefill with `lengths`, then steps; each real
+    position's output equals the full causal pass at that position (the NNX layer's protocol, on Linen)."""
+    x, prompts = inputs((3, 8, 16)), np.array([2, 5, 3])
+    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, decode=True, per_sequence_index=True)
+    variables = layer.init(KEY, x)
+    assert variables["cache"]["cache_index"].shape == (3,)
+    params = {"params": variables["params"]}
+    full = layer.clone(decode=False).apply(params, x, is_causal=True)
+    prompt = jnp.where(jnp.arange(5)[None, :, None] < prompts[:, None, None], x[:, :5], 0.0)  # right-padded
+    out, state = layer.apply({**params, "cache": variables["cache"]}, prompt, lengths=jnp.asarray(prompts),
+                             mutable=["cache"])
+    for b, n in enumerate(prompts):
+        np.testing.assert_allclose(out[b, :n], full[b, :n], atol=1e-5, err_msg=f"prefill, sequence {b}")
+    np.testing.assert_array_equal(state["cache"]["cache_index"], prompts)
+    for _ in range(2):  # one token per sequence, each at its own position
+        positions = np.asarray(state["cache"]["cache_index"])
+        step = x[np.arange(3), positions][:, None]
+        out, state = layer.apply({**params, **state}, step, mutable=["cache"])
+        np.testing.assert_allclose(out[:, 0], full[np.arange(3), positions], atol=1e-5, err_msg=f"at {positions}")
+    np.testing.assert_array_equal(state["cache"]["cache_index"], prompts + 2)
+
+
+def test_lengths_needs_decode_and_a_per_sequence_index():
+    x = inputs((2, 4, 16))
+    flax_style = attention.MultiHeadAttention(num_heads=4, decode=True)
+    variables = flax_style.init(KEY, x)
+    with pytest.raises(ValueError, match="lengths must be ints of shape"):  # one index for the batch
+        flax_style.apply(variables, x[:, :2], lengths=jnp.array([2, 1]), mutable=["cache"])
+    plain = attention.MultiHeadAttention(num_heads=4)
+    with pytest.raises(ValueError, match="lengths is a decode argument"):
+        plain.apply(plain.init(KEY, x), x, lengths=jnp.array([2, 1]))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import attention
-from attention.masks import as_bool_mask
+from attention.masks import as_bool_mask, causal_from
 
 
 def test_causal_mask_is_lower_triangular():
@@ -82,3 +82,14 @@ def test_helpers_with_dtype_float32_return_flaxs_masks():
     ours_causal = attention.make_causal_mask(tokens, dtype=jnp.float32)
     assert ours_causal.dtype == flax_causal.dtype == jnp.float32
     np.testing.assert_array_equal(ours_causal, flax_causal)
+
+
+def test_causal_from_is_the_decode_steps_causality_by_absolute_position():
+    """Query i at position offset + i sees keys j <= offset + i; offset 0 is make_causal_mask's."""
+    offsets = np.array([0, 3])
+    got = np.asarray(causal_from(jnp.asarray(offsets), 2, 6))
+    assert got.shape == (2, 2, 6) and got.dtype == bool
+    for b, offset in enumerate(offsets):
+        for i in range(2):
+            np.testing.assert_array_equal(got[b, i], np.arange(6) <= offset + i)
+    np.testing.assert_array_equal(causal_from(0, 4, 4), attention.make_causal_mask(jnp.ones(4))[0])

@@ -1,0 +1,79 @@
+"""The NNX layer's decode state: Flax NNX's entry points (`init_cache`, `set_view`) and the per-call reads and writes.
+
+A mixin of `attention.nnx.MultiHeadAttention`, which provides the settings it reads (`geometry`,
+`attention_type`, `cache_cross_kv`, ...). The state is one of three: the KV cache (`cached_key`,
+`cached_value`, `cache_index [batch...]`, `attention.cache`), a family member's own state, or a
+cross-attention's stored source keys/values (`cross_key`, `cross_value`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from attention import family
+from attention import multihead as mh
+
+
+class DecodeState:
+    """The NNX layer's decode variables: allocated by `init_cache` / `set_view`, read and written by its calls."""
+
+    def _has_cache(self):
+        spec = family.member(self.attention_type)
+        if spec is not None and spec.decode == "state":
+            return getattr(self, self.attention_type).to_nnx__module.decode
+        return self.cache_cross_kv or self.cached_key is not None  # a cross layer stores its source at its first call
+
+    def _allocate(self, batch, max_length, dtype):
+        """The decode state for `batch` sequences of `max_length`: the KV cache, a member's own, or none (cross)."""
+        mh.check_cache_size(batch, max_length)
+        spec = family.member(self.attention_type)
+        if self.cache_cross_kv:  # a new source: its keys/values are stored by the next decode call
+            self.cross_key, self.cross_value = nnx.data(None), nnx.data(None)
+        elif spec is not None and spec.decode == "state":  # the member's own state, shaped by its Linen init
+            member = getattr(self, self.attention_type)
+            shapes = mh.member_input_shapes(spec, self.geometry, batch, max_length, self.in_features, self.in_kv_features)
+            member.to_nnx__module, state = family.decode_state(member.to_nnx__module, shapes)
+            for name, zeros in state.items():
+                setattr(member, name, nnx.Cache(zeros))
+        else:
+            zeros = mh.empty_cache(batch, max_length, self.num_kv_heads, self.head_dim, self.v_head_dim, dtype)
+            for name, x in zip(mh.CACHE, zeros):
+                setattr(self, name, nnx.Cache(x))
+
+    def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
+        """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
+        if len(input_shape) < 2:
+            raise ValueError(f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}")
+        self._allocate(tuple(input_shape[:-2]), input_shape[-2], dtype)
+
+    def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
+                 batch_size: int | tuple[int, ...] | None = None, max_length: int | None = None):
+        """Used by `nnx.view`: set modes; with `decode=True`, allocate the cache if it is missing or sized here."""
+        self.deterministic = self.deterministic if deterministic is None else deterministic
+        self.decode = self.decode if decode is None else decode
+        if not decode or (self._has_cache() and batch_size is None and max_length is None):
+            return
+        if batch_size is None or max_length is None:
+            raise ValueError(f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
+                             f"batch_size={batch_size!r}, max_length={max_length!r}")
+        self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
+
+    def _use_cache(self, key, value, mask, lengths):
+        """`multihead.decode_step` over the cache attributes -> `cache.Step`."""
+        if self.cached_key is None or self.cached_value is None or self.cache_index is None:
+            raise ValueError("decode=True needs the cache: call init_cache(input_shape) or "
+                             "nnx.view(layer, decode=True, batch_size=..., max_length=...) first")
+        variables = (self.cached_key, self.cached_value, self.cache_index)
+        step, _ = mh.decode_step(tuple(v[...] for v in variables), key, value, mask, num_heads=self.num_heads,
+                                 lengths=lengths, formulation=self.formulation)
+        for variable, new in zip(variables, step[:3]):
+            variable[...] = new
+        return step
+
+    def _cross_kv(self, project_kv):
+        """(key, value) of the stored source (`cache_cross_kv`), else `project_kv()`'s, then stored."""
+        stored = None if self.cross_key is None else (self.cross_key[...], self.cross_value[...])
+        return mh.cross_kv(stored, project_kv, lambda name, x: setattr(self, name, nnx.Cache(x)))
