@@ -26,10 +26,9 @@ import inspect
 import logging
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-from attention.formulation import Formulation, resolve
+from attention.formulation import Formulation, is_nvidia_gpu, resolve
 from attention.grouped import Options, group_heads, to_grouped
 from attention.impl import IMPLEMENTATIONS
 from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
@@ -98,7 +97,7 @@ def attend(
                        broadcast_dropout, precision, block_q, block_k, formulation)
     if impl == "auto":
         impl = choose_impl(Lq, Lk, dtype, Dk, Dv, dropout, bias is not None,
-                           skips_blocks=is_causal or options.window is not None)
+                           skips_blocks=is_causal or options.window is not None, platform=options.formulation.platform)
     out, weights = IMPLEMENTATIONS[impl](
         *to_grouped(query, key, value), group_heads(mask, batch, G), group_heads(bias, batch, G), options
     )
@@ -191,13 +190,16 @@ def choose_impl(
     dropout: bool,
     has_bias: bool,
     skips_blocks: bool = False,
+    platform: str | None = None,
 ) -> str:
-    """What `impl="auto"` runs: cuDNN on GPU where it applies, else blockwise or vmap by size.
+    """What `impl="auto"` runs: cuDNN on an NVIDIA GPU where it applies, else blockwise or vmap by size.
 
     `skips_blocks` (causal or sliding window) lowers the blockwise threshold, because
-    blockwise then skips the blocks the dense paths compute and mask.
+    blockwise then skips the blocks the dense paths compute and mask. `platform`: the JAX
+    platform the program is for, as the caller's formulation names it (`Formulation.platform`,
+    chosen by `backends.model_hooks`); None: the process's default backend.
     """
-    if jax.default_backend() == "gpu":
+    if is_nvidia_gpu(platform):
         cudnn_ok = (
             jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
             and key_dim == value_dim and key_dim <= 128 and key_dim % 8 == 0

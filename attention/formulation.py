@@ -7,12 +7,19 @@ spelling of the same numbers faster subclasses it (XLA:CPU: `backends.xla_cpu.Xl
 and the caller passes that in (`attend(..., formulation=)`, the layers' `formulation`,
 `models.TransformerConfig.formulation`), so attention/ imports no backend code and the plain
 path carries none of a CPU's workarounds.
+
+A formulation also names the JAX platform it was chosen for (`platform`), so choices that depend
+on the platform (`impl="auto"` taking cuDNN) are made for the program's target, decided where the
+formulation was chosen, not read from the process's default backend while tracing: lowering for
+CUDA on a CPU machine (`jax.export(..., platforms=("cuda",))`) with a formulation for "cuda" traces
+the GPU's choices. `platform=None` (as `PLAIN`) leaves it to the default backend at trace time.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 Array = Any
@@ -27,8 +34,30 @@ class Formulation:
     """The plain formulation; subclass and override a method to respell it for a backend.
 
     Each method computes the same numbers (up to the order of float sums) in every subclass.
-    Instances are stateless and compared by identity, so they can sit in a (hashed) config.
+    Instances hold nothing but their platform and compare equal by class and platform, so they can sit
+    in a (hashed) config.
+
+    platform: the JAX platform ("cpu", "cuda", "rocm", "tpu"; "gpu" as `jax.default_backend()` names
+    CUDA and ROCm) the program is for; None: the process's default backend where it is traced.
     """
+
+    _platform: str | None = None
+
+    def __init__(self, platform: str | None = None):
+        if platform is not None and not (isinstance(platform, str) and platform):
+            raise ValueError(f"platform = {platform!r}; expected None or a JAX platform name such as 'cpu' or 'cuda'")
+        self._platform = None if platform is None else platform.lower()
+
+    @property
+    def platform(self) -> str | None:
+        """The JAX platform this formulation was chosen for (read-only: it is part of the hash)."""
+        return self._platform
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.platform == self.platform
+
+    def __hash__(self):
+        return hash((type(self), self.platform))
 
     def scores(self, q: Array, k: Array, *, precision: Any, heads_sharing_kv: int) -> Array:
         """One head's logits: q `[Lq, d_k]` (already scaled), k `[Lk, d_k]` -> q kᵀ `[Lq, Lk]` in `logits_dtype`.
@@ -48,10 +77,20 @@ class Formulation:
         return tree
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}({'' if self.platform is None else repr(self.platform)})"
 
 
 PLAIN = Formulation()
+
+
+def target(platform: str | None) -> str:
+    """The platform a program is for: `platform` (lower-cased), or the process's default backend where it is None."""
+    return (platform or jax.default_backend()).lower()
+
+
+def is_nvidia_gpu(platform: str | None) -> bool:
+    """Whether `target(platform)` is where cuDNN runs: "cuda", or "gpu" as `jax.default_backend()` names a GPU."""
+    return target(platform) in ("cuda", "gpu")
 
 
 def resolve(formulation: Formulation | None) -> Formulation:

@@ -11,13 +11,15 @@
                    XLA:CPU leaves a weight gradient (its left operand contracting its first
                    dimension) to a slower dot path than row-major products (results/code_choices.md).
                    "xla" on every other backend.
-  formulation  -- attention's products and cache writes: `xla_cpu.FORMULATION` on the CPU, None
-                  (the plain formulation, `attention.formulation`) elsewhere;
+  formulation  -- attention's products and cache writes: `xla_cpu.FORMULATION` on the CPU, the plain
+                  formulation (`attention.Formulation`) for `platform` elsewhere; either names its
+                  platform, so what depends on it (`impl="auto"` taking cuDNN) is chosen for the
+                  program's target, not for the backend that happens to trace it;
   dropout_keep -- the dropout keep-mask draw: `xla_cpu.dropout_keep` on the CPU, None (Flax's
                   `jax.random.bernoulli`) elsewhere.
 
 `platform` is a JAX platform name ("cpu", "cuda", "rocm", "gpu", "tpu"); None means the default
-backend of this process. Lowering for another platform (`jax.export(..., platforms=("cuda",))`)
+backend of this process, read here, once. Lowering for another platform (`jax.export(..., platforms=("cuda",))`)
 takes the hooks chosen for that platform: on a GPU or TPU nothing tuned for XLA:CPU runs.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attention.formulation import Formulation
 from backends import xla_cpu, xla_cpu_bf16
 
 MATMULS = ("auto", "xla", "row_major")
@@ -55,9 +58,10 @@ def dense_dot_general(matmul: str, dtype, platform: str | None = None) -> Callab
 
 def model_hooks(matmul: str, dtype, platform: str | None = None) -> dict[str, Any]:
     """`TransformerConfig`'s backend fields (dot_general, formulation, dropout_keep) for `platform`."""
+    platform = (platform or jax.default_backend()).lower()
     cpu = is_cpu(platform)
     return {
         "dot_general": dense_dot_general(matmul, dtype, platform),
-        "formulation": xla_cpu.FORMULATION if cpu else None,
+        "formulation": xla_cpu.FORMULATION if cpu else Formulation(platform),
         "dropout_keep": xla_cpu.dropout_keep if cpu else None,
     }

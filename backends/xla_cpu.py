@@ -39,7 +39,10 @@ BITS = 16  # per dropout decision; 32 // BITS decisions per random word
 
 
 class XlaCpuFormulation(Formulation):
-    """`Formulation` with XLA:CPU's decode-step products and materialised cache updates."""
+    """`Formulation` with XLA:CPU's decode-step products and materialised cache updates (platform "cpu")."""
+
+    def __init__(self):
+        super().__init__("cpu")
 
     def scores(self, q, k, *, precision, heads_sharing_kv):
         if _one_narrow_row(q, heads_sharing_kv):

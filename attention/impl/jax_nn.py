@@ -18,16 +18,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from attention.formulation import is_nvidia_gpu, target
+
 CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def attention(q, k, v, mask, bias, options, *, implementation):
     """The `attention.grouped` signature; weights are not exposed (None)."""
-    if implementation == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"impl='cudnn' needs an NVIDIA GPU, but JAX's default backend is "
-            f"{jax.default_backend()!r}; use impl='xla', 'vmap' or 'einsum'"
-        )
+    platform = options.formulation.platform  # the program's target, where the caller named it
+    if implementation == "cudnn" and not is_nvidia_gpu(platform):
+        where = f"the formulation's platform is {platform!r}" if platform else f"JAX's default backend is {target(None)!r}"
+        raise ValueError(f"impl='cudnn' needs an NVIDIA GPU, but {where}; use impl='xla', 'vmap' or 'einsum'")
     if options.dropout_rate:
         raise ValueError(
             f"impl={implementation!r} has no attention dropout (jax.nn.dot_product_attention "

@@ -8,6 +8,7 @@ formulation (the config with no hooks at all). The CPU's hooks, lowered the same
 checks: the checks can fail.
 """
 
+import collections
 import dataclasses
 import re
 
@@ -16,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import attention
 import backends
+from attention.impl import IMPLEMENTATIONS
 from models import Transformer, TransformerConfig
 
 VOCAB, BATCH, LENGTH = 32, 2, 8
@@ -143,6 +146,66 @@ def test_the_checks_catch_the_cpu_hooks(lowered, step):
 
 def test_model_hooks_by_platform():
     cpu, cuda, tpu = (backends.model_hooks("auto", jnp.float32, p) for p in ("cpu", "cuda", "tpu"))
-    assert cuda == tpu == {"dot_general": None, "formulation": None, "dropout_keep": None}
+    # off the CPU: no hooks but the plain formulation, naming the platform it was chosen for
+    for platform, hooks in (("cuda", cuda), ("tpu", tpu)):
+        assert hooks == {"dot_general": None, "formulation": attention.Formulation(platform), "dropout_keep": None}
+        assert type(hooks["formulation"]) is attention.Formulation and hooks["formulation"].platform == platform
     assert cpu["dot_general"] is not None and cpu["formulation"] is not None and cpu["dropout_keep"] is not None
-    np.testing.assert_equal(backends.model_hooks("row_major", jnp.float32, "cuda")["formulation"], None)
+    assert cpu["formulation"].platform == "cpu"
+    np.testing.assert_equal(backends.model_hooks("row_major", jnp.float32, "cuda")["formulation"], attention.Formulation("cuda"))
+    # None: this process's default backend, decided here rather than while tracing
+    assert backends.model_hooks("auto", jnp.float32)["formulation"].platform == jax.default_backend()
+
+
+# --- impl="auto": chosen for the platform the program is for, not the backend that traces it ------------------
+
+def test_choose_impl_takes_the_platform_it_is_given():
+    args = (1024, 1024, jnp.bfloat16, 64, 64, False, False)
+    assert attention.choose_impl(*args, platform="cuda") == "cudnn"
+    assert attention.choose_impl(*args, platform="gpu") == "cudnn"  # JAX's name for its GPU backend
+    for platform in ("cpu", "tpu", "rocm"):  # no cuDNN there: the size rule (Lq * Lk = 1024^2: blockwise)
+        assert attention.choose_impl(*args, platform=platform) == "blockwise"
+    assert attention.choose_impl(512, 512, jnp.float32, 64, 64, False, False, platform="cuda") == "vmap"  # float32: no cuDNN
+    assert attention.choose_impl(*args[:5], True, False, platform="cuda") == "blockwise"  # dropout: no cuDNN
+    default = "cudnn" if jax.default_backend() == "gpu" else "blockwise"
+    assert attention.choose_impl(*args) == default  # no platform named: this process's default backend
+
+
+def test_cudnn_refused_for_a_formulation_of_another_platform():
+    q = jnp.zeros((1, 16, 2, 8), jnp.bfloat16)
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU, but the formulation's platform is 'cpu'"):
+        attention.dot_product_attention(q, q, q, impl="cudnn", formulation=attention.Formulation("cpu"))
+    with pytest.raises(ValueError, match="platform = 3; expected None or a JAX platform name"):
+        attention.Formulation(3)
+
+
+def _auto_calls(monkeypatch, platform):
+    """{impl: calls} that `impl="auto"` made while the bfloat16 training step was lowered for CUDA with
+    `platform`'s hooks. JAX checks for cuDNN while tracing it, so off a GPU the cuDNN implementation is
+    stood in for by the XLA one (same signature): what is recorded is the choice."""
+    calls = collections.Counter()
+    for impl in ("cudnn", "vmap", "blockwise", "xla"):
+        original = IMPLEMENTATIONS[impl]
+        stand_in = IMPLEMENTATIONS["xla"] if impl == "cudnn" and jax.default_backend() != "gpu" else original
+
+        def spy(*args, impl=impl, run=stand_in, **kwargs):
+            calls[impl] += 1
+            return run(*args, **kwargs)
+
+        monkeypatch.setitem(IMPLEMENTATIONS, impl, spy)
+    config = dataclasses.replace(_config(jnp.bfloat16, platform), attention_impl="auto")
+    hlo = _train_step_hlo(config)
+    return calls, hlo
+
+
+def test_auto_lowered_for_cuda_takes_cudnn_on_a_cpu_machine(monkeypatch):
+    """The layer's formulation carries the platform from `backends.model_hooks` down to `choose_impl`."""
+    cuda, hlo = _auto_calls(monkeypatch, "cuda")
+    # every attention sublayer (encoder self, decoder self, cross; TINY's 2 layers each) takes cuDNN,
+    # in each trace of the model (the parameters' shapes, then the step)
+    sublayers = 3 * TINY["num_layers"]
+    assert set(cuda) == {"cudnn"} and cuda["cudnn"] >= sublayers and cuda["cudnn"] % sublayers == 0, cuda
+    if jax.default_backend() == "gpu":  # where cuDNN can be traced, its custom calls are in the program
+        assert "__cudnn$fmha" in hlo
+    cpu, _ = _auto_calls(monkeypatch, "cpu")
+    assert cpu == {"vmap": cuda["cudnn"]}, cpu  # the same model for XLA:CPU: the size rule (short sequences)

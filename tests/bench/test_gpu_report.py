@@ -5,6 +5,7 @@ import gzip
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,20 +55,50 @@ def test_device_us_is_the_mean_of_queued_calls():
     assert len(calls) == 6 and us > 0  # one warm-up, five timed
 
 
+def test_wall_split_of_a_hand_worked_run():
+    """Two dev evaluations, compiles in the first step, in an evaluation and elsewhere; times in seconds."""
+    log = [(0.0, "persistent compilation cache: x"), (10.0, "model parameters: 123"), (14.0, "first step done 14.0s after the start"),
+           (20.0, "step 2/4 loss 9"), (23.0, "dev {'step': 2}"), (30.0, "step 4/4 loss 8"), (31.5, "dev {'step': 4}")]
+    compiles = [(9.0, 2.0), (13.0, 3.0), (22.0, 1.0), (25.0, 0.5)]  # (end time, seconds): init, the step, eval, elsewhere
+    records = [{"step": 2, "step_time_s": 3.0}, {"step": 2, "split": "val"}, {"step": 4, "step_time_s": 1.0}]
+    split = gpu_report.wall_split(log, compiles, records, train_s=40.0)
+    assert split["evaluations"] == [(20.0, 23.0), (30.0, 31.5)]
+    assert split["compile_s"] == pytest.approx(6.5)
+    assert split["eval_s"] == pytest.approx((3.0 - 1.0) + 1.5)  # the evaluation's own compile counted as compiling
+    assert split["steps_s"] == pytest.approx(2 * 3.0 + 2 * 1.0 - 3.0)  # the first step's compile counted as compiling
+    assert split["rest_s"] == pytest.approx(40.0 - 6.5 - 5.0 - 3.5)
+
+
+# an image without TensorFlow or clu (the GPU image): every import of them fails, as where they are not installed
+WITHOUT_TENSORFLOW = """import sys
+for name in ("tensorflow", "tensorflow_datasets", "tensorflow_text", "clu"):
+    sys.modules[name] = None
+"""
+
+
 @pytest.mark.slow
 def test_dry_run_writes_every_part(tmp_path):
-    """Every part at toy sizes on this backend; the peer's parts need FLAX_WMT_DIR and say so without it."""
+    """Every part at toy sizes on this backend, without TensorFlow or clu importable; the peer's parts need
+    FLAX_WMT_DIR and say so without it."""
     if not os.environ.get("MULTI30K_DIR"):
         pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     out = tmp_path / "gpu.md"
     done = subprocess.run([sys.executable, "-m", "bench.gpu_report", "--dry_run", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = out.read_text()
     for part in gpu_report.PARTS:
-        assert f"## {part} (" in report
+        assert re.search(rf"^## {part} \(\d+ s; \d+ s CPU\)$", report, re.M), part
     assert "Failed:" not in report, report
-    assert "passed" in report  # the suite's summary line
+    assert re.search(r"^    \d+ passed", report, re.M)  # the suite's summary line
+    for row in ("of it compiling (XLA)", "of it steps", "of it dev evaluation", "test split, beam 4"):
+        assert row in report
+    assert "programs compiled in" in report  # the preset run's own line
     if os.environ.get("FLAX_WMT_DIR"):
         assert report.count("(3 traced steps") == 2  # ours and the peer's top kernels
         assert "ours / peer" in report and "vs peer" in report
+    else:
+        assert report.count("Skipped: no snapshot of Flax's examples/wmt") == 2
