@@ -57,7 +57,7 @@ ATTENTION_SHAPES = [(4, 1024, 8, 64), (1, 4096, 8, 64), (1, 16384, 8, 64)]  # B,
 TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)
 # the dry run's preset point: a few steps, one evaluation and checkpoint at the end, a small vocabulary
 DRY_PRESET = dict(steps=6, train_limit=1000, vocab_size=500, bleu_examples=16)
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # JAX's event for every XLA compile (training.run.compile_cache)
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # JAX's event for every XLA compile (training.core.compile_cache)
 
 
 # --- timing and profiles --------------------------------------------------------------------------
