@@ -16,32 +16,8 @@ import logging
 import tempfile
 import time
 
-from configs import default, table3_preset
+from bench.lib import LogLines, tiny_preset
 from training.run import loop
-
-
-def tiny_preset(packed: bool, steps: int, train_limit: int):
-    """The preset at a tiny model size, `steps` steps, the first `train_limit` training pairs."""
-    config = table3_preset.apply(default.get_config("h=4"))
-    if packed:
-        table3_preset.pack(config)
-    table3_preset.set_steps(config, steps)
-    config.log_every_steps = max(1, steps // 10)
-    config.data.train_limit = train_limit
-    config.data.vocab_size = 500
-    config.model.update(d_model=32, num_heads=4, mlp_dim=64)
-    return config
-
-
-class LogLines(logging.Handler):
-    """Every log record's message, kept in order (to read a run's own lines back)."""
-
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 def count(packed: bool, steps: int, train_limit: int) -> tuple[str, float]:

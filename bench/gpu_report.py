@@ -168,7 +168,7 @@ def _torch_sdpa(shapes, calls) -> dict:
 
 
 def part_train_step(args) -> str:
-    from bench import peer
+    from bench import lib as peer
     from configs import default
     from training.data import tokenizer
     from training.data.corpus import load_corpus
@@ -225,7 +225,7 @@ def _our_config(peer, size, overrides):
 
 
 def part_preset(args) -> str:
-    from bench.compile_count import LogLines, tiny_preset
+    from bench.lib import LogLines, tiny_preset
     from configs import default, table3_preset
     from training.evaluation import evaluate
     from training.evaluation.loaded import load_run
