@@ -31,7 +31,7 @@ from configs import default
 from training.data.corpus import load_corpus
 
 
-def run_peer(args) -> dict:
+def run_peer_decode(args) -> dict:
     """The peer's beam search (`bench.flax_wmt_decode` under `args.peer_python`): its JSON line."""
     cmd = ["--wmt_dir", args.wmt_dir, "--batch", str(args.batch), "--max_len", str(args.steps + 1),
            "--batches", str(args.batches), "--beam", str(args.beam)]
@@ -77,7 +77,7 @@ def main():
         print(f"<!-- round {r + 1}: load average {os.getloadavg()[0]:.2f} -->", flush=True)
         for side in (["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]):
             if side == "peer":
-                results["peer"] = run_peer(args)
+                results["peer"] = run_peer_decode(args)
             else:
                 results |= {d: o.seconds_per_batch(args.clock) for d, o in ours.items()}
         peer = results["peer"]
