@@ -75,6 +75,9 @@ def cpu_description() -> str:
 # The example's imports that its train step, predict_step and beam search never call (metric writers,
 # periodic actions, the TensorFlow input pipeline): an empty module stands in where one cannot be imported.
 STUBBABLE = ("tensorflow", "clu", "clu.metric_writers", "clu.periodic_actions", "input_pipeline")
+# "1" in the environment: stub every STUBBABLE module without trying its import (importing TensorFlow
+# costs seconds a process, and on a GPU it would take memory the step needs)
+STUB_ENV = "FLAX_WMT_STUB_DATA"
 
 
 def flax_wmt_dir(wmt_dir: str = "") -> str:
@@ -107,6 +110,8 @@ def import_flax_example(wmt_dir: str, names: tuple[str, ...]) -> tuple[list, lis
     stubbed = []
     for name in STUBBABLE:
         try:
+            if os.environ.get(STUB_ENV) == "1":
+                raise ImportError(f"not imported: {STUB_ENV}=1")
             importlib.import_module(name)
         except Exception as e:  # missing, or broken (tensorflow_text against another TF)
             stub = types.ModuleType(name)

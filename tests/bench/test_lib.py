@@ -66,6 +66,15 @@ def test_the_example_imports_with_stubs_for_what_it_never_calls_and_never_from_e
         lib.import_flax_example(str(tmp_path), ("json",))  # found outside the example's folder
 
 
+def test_with_the_stub_switch_on_nothing_stubbable_is_imported(tmp_path, monkeypatch, clean_imports):
+    monkeypatch.setenv(lib.STUB_ENV, "1")
+    monkeypatch.setattr(lib, "STUBBABLE", ("json",))  # importable, yet stubbed
+    monkeypatch.delitem(sys.modules, "json")
+    (tmp_path / "wmt_example_uses_json.py").write_text("import json\nDOC = json.__doc__\n")
+    (module,), stubbed = lib.import_flax_example(str(tmp_path), ("wmt_example_uses_json",))
+    assert module.DOC.startswith("stub: real import failed with ImportError: not imported") and stubbed[0].startswith("json ")
+
+
 def test_hlo_dots_reads_each_dot_with_its_shapes_and_dimension_numbers():
     a, b = jnp.ones((2, 4, 3)), jnp.ones((2, 3, 5))
     hlo = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b)).lower(a, b).compile().as_text()  # as peer.py reads it
