@@ -12,6 +12,8 @@ import pytest
 
 from bench import lib
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def git(*args, cwd):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
@@ -79,3 +81,13 @@ def test_hlo_dots_reads_each_dot_with_its_shapes_and_dimension_numbers():
     a, b = jnp.ones((2, 4, 3)), jnp.ones((2, 3, 5))
     hlo = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b)).lower(a, b).compile().as_text()  # as peer.py reads it
     assert lib.hlo_dots(hlo) == [(((2, 4, 3), "f32"), ((2, 3, 5), "f32"), "f32", (((2,), (1,)), ((0,), (0,))))]
+
+
+def test_the_library_imports_without_jax_or_the_project():
+    """As bench/torch_sdpa.py needs it under a Python with torch and NumPy only."""
+    blocked = ["jax", "jaxlib", "flax", "optax", "attention", "models", "training", "configs", "backends"]
+    code = ("import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
+            + "from bench import lib\nprint(lib.median_ms(lambda: None, 3) >= 0, lib.cpu_description() != '')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True"]
