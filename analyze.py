@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
-from training.run import errors
+from training.core import errors
 
 
 def main(argv=None):
@@ -81,7 +81,8 @@ def main(argv=None):
         importance.write(raw, normalised, out / "importance.csv", out / "importance.md")
         print((out / "importance.md").read_text())
     elif args.command == "prune":
-        _, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
+        raw, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
+        importance.write(raw, normalised, out / "importance.csv", out / "importance.md")  # the order pruning follows
         scored = workdir.dev_subset(run.config, args.split, args.eval_examples, start=args.examples)
         score = workdir.scorer(run.config, run.vocab, run.model, scored, args.beam_size)
         kinds = args.kinds.split(",")
@@ -94,10 +95,11 @@ def main(argv=None):
         for r in rows:
             print(f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}")
         if args.test_split:
-            held_out = pruning.held_out_test(run, normalised, kinds, workdir.dev_subset(run.config, args.test_split, args.test_examples),
+            held_out, outputs = pruning.held_out_test(run, normalised, kinds, workdir.dev_subset(run.config, args.test_split, args.test_examples),
                                              fraction=args.test_fraction, seed=args.seed)
             name = f"{stem}_{args.test_split}_{round(100 * args.test_fraction)}pct"
             tables.write(held_out, pruning.HELD_OUT_FIELDS, out / f"{name}.csv", out / f"{name}.md")
+            pruning.write_outputs(outputs, out / name)
             print((out / f"{name}.md").read_text())
     elif args.command == "uptrain":
         rows = uptrain.compare(

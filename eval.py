@@ -12,9 +12,9 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from training import config as config_lib
+from training.core import compile_cache, errors
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import compile_cache, errors
 
 flags.DEFINE_string("workdir", None, "a train.py workdir (only read)")
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")

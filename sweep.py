@@ -19,7 +19,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from training.run import errors, logs
+from training.core import errors, logs
 from sweeps import launch, sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")

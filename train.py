@@ -10,8 +10,8 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from training.core import errors, logs
 from training.parallel import distributed
-from training.run import errors, logs
 from training.run.loop import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)

@@ -18,8 +18,8 @@ import numpy as np
 
 from analysis import tables
 from models import HEAD_MASK_KEYS, head_mask_variables
+from training.core import step as step_lib
 from training.data.batching import dev_batches
-from training.run import step as step_lib
 
 
 def raw_importance(model, params, batches) -> dict[str, np.ndarray]:

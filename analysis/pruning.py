@@ -6,6 +6,7 @@ on its output (tested), so the ordinary decoders score the pruned model.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -62,8 +63,12 @@ def prune_curves(run, score, importance, kinds, *, steps: int = 10, seed: int = 
 
 def held_out_test(run, importance, kinds, corpus, *, fraction: float = 0.5, beam_size: int = 4, seed: int = 0) -> list[dict]:
     """The unpruned model against `fraction` of the heads of `kinds` pruned in importance and in random
-    order, on `corpus` (held out from the importance sentences): rows {model, pruned, of, bleu,
-    delta, p}, p = sacreBLEU's paired bootstrap of the pruned model's BLEU against the unpruned one's."""
+    order, on `corpus` (held out from the importance sentences).
+
+    Returns (rows, outputs): rows {model, pruned, of, bleu, delta, p_bootstrap, p_randomization}, with
+    sacreBLEU's paired bootstrap p (one-sided in effect) and its paired approximate randomization p
+    (two-sided) of the pruned model against the unpruned one; outputs {model: {"hypotheses": lines,
+    "heads": the pruned heads as "kind:layer.head"}} so that the comparison can be re-derived."""
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be in (0, 1), got {fraction}")
     src_ids = run.vocab.encode(list(corpus.src))
@@ -76,19 +81,37 @@ def held_out_test(run, importance, kinds, corpus, *, fraction: float = 0.5, beam
 
     full = hypotheses(run.params)
     full_bleu = translate.corpus_bleu(full, corpus.tgt)[0]
-    rows = [{"model": "unpruned", "pruned": 0, "of": 0, "bleu": full_bleu, "delta": 0.0, "p": float("nan")}]
+    rows = [{"model": "unpruned", "pruned": 0, "of": 0, "bleu": full_bleu, "delta": 0.0,
+             "p_bootstrap": float("nan"), "p_randomization": float("nan")}]
+    outputs = {"unpruned": {"hypotheses": full, "heads": []}}
     for order in ("importance", "random"):
         sequence = removal_order(importance, order, kinds, seed)
         count = int(round(fraction * len(sequence)))
-        pruned = hypotheses(heads.zero_heads(run.params, heads.mask_without(run.model.config, tuple(sorted(sequence[:count])))))
+        removed = tuple(sorted(sequence[:count]))
+        pruned = hypotheses(heads.zero_heads(run.params, heads.mask_without(run.model.config, removed)))
         bleu = translate.corpus_bleu(pruned, corpus.tgt)[0]
-        rows.append({"model": f"{order} order", "pruned": count, "of": len(sequence), "bleu": bleu,
-                     "delta": bleu - full_bleu, "p": significance.paired_bootstrap(full, pruned, corpus.tgt)})
+        rows.append({"model": f"{order} order", "pruned": count, "of": len(sequence), "bleu": bleu, "delta": bleu - full_bleu,
+                     "p_bootstrap": significance.paired_bootstrap(full, pruned, corpus.tgt),
+                     "p_randomization": significance.paired_randomization(full, pruned, corpus.tgt)})
+        outputs[f"{order} order"] = {"hypotheses": pruned, "heads": [f"{k}:{i}.{h}" for k, i, h in removed]}
         logging.info("held-out test, %d of %d heads pruned in %s order: %s", count, len(sequence), order, rows[-1])
-    return rows
+    return rows, outputs
 
 
-HELD_OUT_FIELDS = ["model", "pruned", "of", "bleu", "delta", "p"]
+HELD_OUT_FIELDS = ["model", "pruned", "of", "bleu", "delta", "p_bootstrap", "p_randomization"]
+
+
+def write_outputs(outputs: dict, stem: Path) -> list[Path]:
+    """Each model's hypotheses (`STEM.MODEL.txt`, one line per test sentence) and the pruned heads of
+    each (`STEM.heads.json`), so that the held-out comparison can be re-scored without the checkpoint."""
+    paths = []
+    for model, out in outputs.items():
+        path = stem.with_name(f"{stem.name}.{model.replace(' ', '_')}.txt")
+        path.write_text("".join(line + "\n" for line in out["hypotheses"]), encoding="utf-8")
+        paths.append(path)
+    heads_path = stem.with_name(f"{stem.name}.heads.json")
+    heads_path.write_text(json.dumps({m: out["heads"] for m, out in outputs.items()}, indent=1) + "\n")
+    return paths + [heads_path]
 
 
 def write_csv(rows, path: Path) -> Path:

@@ -23,10 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from analysis import workdir as workdir_lib
-from training import config as config_lib
+from training import checkpoints, config as config_lib
+from training.core import step as step_lib
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import checkpoints, loop, step as step_lib
+from training.run import loop
 
 METHODS = ("mean", "first", "random", "mha")
 

@@ -27,7 +27,7 @@ from training import config as config_lib
 from training.data import tokenizer
 from training.data.batching import Batch, BatchSchedule, as_arrays
 from training.data.corpus import load_corpus
-from training.run import step as step_lib
+from training.core import step as step_lib
 from sweeps.store import git_commit
 
 

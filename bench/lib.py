@@ -275,7 +275,7 @@ class Ours:
         from training import config as config_lib
         from training.data.batching import BatchSchedule, as_arrays
         from training.parallel import trainers
-        from training.run import step as step_lib
+        from training.core import step as step_lib
 
         self.model = config_lib.build_model(config, vocab, config.model.dtype)
         self.schedule = BatchSchedule(src_ids, tgt_ids, token_budget=config.data.token_budget,

@@ -31,7 +31,7 @@ from configs import default
 from models import Transformer
 from training import config as config_lib
 from training.parallel import trainers
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,

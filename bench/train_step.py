@@ -24,7 +24,7 @@ import backends
 from bench.lib import SIZES, VOCAB, compiled_flops, matmul_flops_per_s, median_seconds, synthetic_batch
 from models import Transformer, TransformerConfig
 from training.data.batching import as_arrays
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 
 def bench(size: str, dtype: str, reps: int):

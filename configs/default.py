@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.tie_embeddings = True
     config.model.scale_out_init = False  # W^O init / sqrt(2 num_layers)
     config.model.max_len = 256
-    config.model.dtype = "auto"  # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster (training/run/precision.py)
+    config.model.dtype = "auto"  # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster (training/core/precision.py)
     config.model.attention_impl = "vmap"
     config.model.attention_type = "softmax"  # or a member of attention.family.ATTENTION_TYPES: linformer, performer, entmax, span, mla, ...
     config.model.attention_options = ""  # the member's settings as 'key=value,...', e.g. 'projected_length=32' (attention.family.options_of)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.run import files
+from training.core import files
 from sweeps import store
 
 Curve = list[tuple[int, float, float]]  # (step, dev loss, dev perplexity), by step

@@ -2,7 +2,7 @@
 
 The job runs exactly what `--launcher local` runs in a subprocess (`sweep.point_command`), so a point
 resumes, skips and stores its results the same way wherever it runs. A point that spans hosts keeps
-using jax.distributed as train.py does (its SLURM environment is detected by training.run).
+using jax.distributed as train.py does (its SLURM environment is detected by training.parallel.distributed).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from training.run import files
+from training.core import files
 
 RESULT_FILE = "result.json"
 SPEC_FILE = "sweep.json"

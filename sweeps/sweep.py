@@ -48,12 +48,13 @@ import jax
 from absl import logging
 
 from training import config as config_lib
+from training.core import compile_cache, files, precision, step as step_lib
+from training.core.lock import claim
 from training.data import tokenizer
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import compile_cache, files, loop, precision, step as step_lib
-from training.run.lock import claim
+from training.run import loop
 from sweeps import store
 
 TIMING_FILE = "train_seconds.json"

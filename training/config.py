@@ -11,16 +11,17 @@ import ml_collections
 
 import backends
 from models import Transformer, TransformerConfig
+from training.core import compile_cache, precision
+from training.core import step as step_lib
 from training.data import corpus
 from training.parallel import distributed, sharding
-from training.run import compile_cache, precision
-from training.run import step as step_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-DTYPE_SETTINGS = ("auto", *DTYPES)  # "auto": training/run/precision.py
+DTYPE_SETTINGS = ("auto", *DTYPES)  # "auto": training/core/precision.py
 PARALLELISMS = ("jit", "pmap")
 # Fields added after the first workdirs were written, with the values that reproduce how those
-# runs behaved; `complete` fills them into a config read back from an older config.json.
+# runs behaved; `complete` fills them into a config read back from an older config.json. The model's
+# own fields need no entry: a missing one gets its `TransformerConfig` default (see `complete`).
 ADDED_FIELDS = {
     "max_train_seconds": 0.0,
     "parallelism": "jit",
@@ -29,12 +30,9 @@ ADDED_FIELDS = {
     "distributed.coordinator_address": "",
     "distributed.num_processes": 0,
     "distributed.process_id": -1,
-    "model.v_head_dim": None,
     "model.matmul": "auto",
     "compilation_cache_dir": "auto",  # a cache changes no result
     "optimizer.schedule": "rsqrt",
-    "model.attention_type": "softmax",
-    "model.attention_options": "",
     "data.pack_length": 0,
     "divergence_factor": 10.0,  # read by the loop only: no saved state depends on it
     "eval.lengths": (),  # evaluation at the buckets' lengths, as before the field
@@ -44,13 +42,14 @@ RENAMED_MATMUL = {True: "row_major", False: "xla", None: "auto"}
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Fill the `ADDED_FIELDS` an older workdir's config.json lacks (in place; returned)."""
+    """Fill the fields an older workdir's config.json lacks (in place; returned): `ADDED_FIELDS`, and each
+    model field with its `TransformerConfig` default (a new field's default keeps the behaviour runs had before it)."""
     model = config.get("model", {})
     if "row_major_matmuls" in model:  # the matmul setting's old name
         old = model.row_major_matmuls
         del model["row_major_matmuls"]
         model.matmul = RENAMED_MATMUL[old]
-    for path, value in ADDED_FIELDS.items():
+    for path, value in {**ADDED_FIELDS, **{f"model.{name}": value for name, value in model_defaults().items()}}.items():
         *sections, field = path.split(".")
         node = config
         for section in sections:
@@ -150,17 +149,37 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int, dtype: str 
     return dataclasses.replace(_model_fields(config, vocab_size, dtype), **hooks)
 
 
+# `TransformerConfig` fields the run sets rather than `config.model`: the vocabulary's size, the tokenizer's ids,
+# the compute dtype `model.dtype` resolves to, the parameters' dtype (float32) and the hooks `model.matmul` picks.
+SET_BY_RUN = ("vocab_size", "pad_id", "eos_id", "bos_id", "dtype", "param_dtype", "dot_general", "formulation", "dropout_keep")
+# `config.model` settings that are not `TransformerConfig` fields (the run resolves them into dtype and hooks).
+RUN_SETTINGS = ("dtype", "matmul")
+
+
+def model_field_names() -> tuple[str, ...]:
+    """The `TransformerConfig` fields `config.model` sets, by the same names (every field but `SET_BY_RUN`)."""
+    return tuple(f.name for f in dataclasses.fields(TransformerConfig) if f.name not in SET_BY_RUN)
+
+
+def model_defaults() -> dict:
+    """Each `model_field_names()` field's `TransformerConfig` default, as `config.model` writes it."""
+    fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    return {name: _as_text(name, fields[name].default) for name in model_field_names()}
+
+
 def _model_fields(config: ml_collections.ConfigDict, vocab_size: int, dtype: str = "float32") -> TransformerConfig:
-    """The model config with lax's matmuls; building it runs the model's checks without touching JAX's backend."""
-    m = config.model
-    return TransformerConfig(
-        vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim, v_head_dim=m.v_head_dim, num_layers=m.num_layers, mlp_dim=m.mlp_dim, dropout_rate=m.dropout_rate,
-        attention_dropout_rate=m.attention_dropout_rate, pre_ln=m.pre_ln, activation=m.activation,
-        tie_embeddings=m.tie_embeddings, scale_out_init=m.scale_out_init, max_len=m.max_len,
-        dtype=DTYPES[dtype], attention_impl=m.attention_impl, attention_type=m.attention_type,
-        attention_options=parse_options(m.attention_options),
-    )
+    """The model config with lax's matmuls; building it runs the model's checks without touching JAX's backend.
+
+    `config.model` holds `TransformerConfig`'s fields by name (`model_field_names()`, a missing one takes
+    its default) and the `RUN_SETTINGS`; a name that is neither raises ValueError naming it.
+    """
+    names = model_field_names()
+    unknown = sorted(set(config.model) - set(names) - set(RUN_SETTINGS))
+    if unknown:
+        raise ValueError(f"config.model.{unknown[0]} = {config.model[unknown[0]]!r}: no such model field; expected one of "
+                         f"models.TransformerConfig's fields {names} or the run's settings {RUN_SETTINGS}")
+    values = {name: _from_text(name, config.model[name]) for name in names if name in config.model}
+    return TransformerConfig(vocab_size=vocab_size, dtype=DTYPES[dtype], **values)
 
 
 def parse_options(text: str) -> dict:
@@ -181,6 +200,24 @@ def _option_value(text):
         except ValueError:
             pass
     return text
+
+
+def format_options(options) -> str:
+    """{key: value} -> 'key=value,...', the text `parse_options` reads back."""
+    return ",".join(f"{key}={str(value).lower() if value is None or isinstance(value, bool) else value}"
+                    for key, value in options.items())
+
+
+# `config.model` fields written as text, read into the model's value by the first function and written back by the second.
+AS_TEXT = {"attention_options": (parse_options, format_options)}
+
+
+def _from_text(name: str, value):
+    return AS_TEXT[name][0](value) if name in AS_TEXT else value
+
+
+def _as_text(name: str, value):
+    return AS_TEXT[name][1](value) if name in AS_TEXT else value
 
 
 def build_model(config: ml_collections.ConfigDict, vocab, dtype: str | None = None) -> Transformer:

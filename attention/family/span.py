@@ -13,7 +13,7 @@ the parameter "span" `[H]` as a fraction of S, clipped to [0, 1] in the forward 
 clamps it after each update), initialised to `span_init`. The paper's L1 penalty, (λ / M) Σ_h z_h
 over a layer's M heads, is what lets spans shrink: with `l1_penalty` λ > 0 the module sows it
 into the `losses` collection ("span_l1"), which the training step adds to its loss
-(`training.run.step.train_step`); λ = 0 sows nothing.
+(`training.core.step.train_step`); λ = 0 sows nothing.
 """
 
 from __future__ import annotations

@@ -2,12 +2,15 @@
 
 import csv
 import importlib.util
+import json
 import os
 from pathlib import Path
 
 import pytest
+import sacrebleu
 
 import analyze
+from analysis import workdir as analysis_workdir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +75,19 @@ def test_prune(workdir):
                                                                        ("random order", "4", "8")]
     for r in held_out[1:]:
         assert float(r["delta"]) == pytest.approx(float(r["bleu"]) - float(held_out[0]["bleu"]), abs=1e-3)
-        assert 0 <= float(r["p"]) <= 1
+        assert 0 <= float(r["p_bootstrap"]) <= 1 and 0 <= float(r["p_randomization"]) <= 1
+    # The committed outputs re-derive the comparison: sacreBLEU on the written hypotheses gives the table's BLEU,
+    # and the importance-order heads are the curve's first 4 in importance order.
+    stem = workdir / "analysis" / "pruning_encoder_self-decoder_cross_test_2016_flickr_50pct"
+    references = list(analysis_workdir.dev_subset(analysis_workdir.load(workdir).config, "test_2016_flickr", 6).tgt)
+    pruned_heads = json.loads(stem.with_name(stem.name + ".heads.json").read_text())
+    assert pruned_heads["unpruned"] == [] and len(pruned_heads["random order"]) == 4
+    curve_heads = next(r["heads"] for r in table if r["order"] == "importance" and r["pruned"] == "4")
+    assert sorted(pruned_heads["importance order"]) == sorted(curve_heads.split())
+    for r in held_out:
+        lines = stem.with_name(f"{stem.name}.{r['model'].replace(' ', '_')}.txt").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == 6
+        assert sacrebleu.corpus_bleu(lines, [references]).score == pytest.approx(float(r["bleu"]), abs=0.01)
 
 
 def test_uptrain(workdir):

@@ -6,7 +6,7 @@ import pytest
 
 from analysis import heads, importance
 from models import Transformer, TransformerConfig, head_mask_variables
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 CONFIG = TransformerConfig(vocab_size=32, d_model=16, num_heads=4, num_layers=2, mlp_dim=32, max_len=16, dropout_rate=0.0)
 

@@ -68,7 +68,7 @@ def test_local_devices_are_listed_without_taking_them():
 def test_a_point_given_the_sweep_cache_resolves_auto_to_it(tmp_path):
     # What run_point does with --compilation_cache_dir: config.compilation_cache_dir stays 'auto' (so config.json
     # names no machine's path) and resolves to the sweep's directory.
-    code = ("import jax; from pathlib import Path; from training.run import compile_cache; "
+    code = ("import jax; from pathlib import Path; from training.core import compile_cache; "
             f"jax.config.update('jax_compilation_cache_dir', {str(tmp_path / 'cache')!r}); "
             "print(compile_cache.cache_dir('auto'))")
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}

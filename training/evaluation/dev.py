@@ -8,9 +8,9 @@ import sys
 
 import jax
 
+from training.core import step as step_lib
 from training.data.batching import eval_lengths
 from training.evaluation import translate
-from training.run import step as step_lib
 
 
 ROWS = 64  # sentences a translation batch (translate's default)

@@ -10,8 +10,8 @@ import ml_collections
 import sentencepiece as spm
 
 from models import Transformer
-from training import config as config_lib
-from training.run import checkpoints, compile_cache, precision, step as step_lib
+from training import checkpoints, config as config_lib
+from training.core import compile_cache, precision, step as step_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from training.run import files
+from training.core import files
 
 
 def read_metrics(workdir: str | Path) -> tuple[list[dict], list[dict]]:

@@ -1,1 +1,1 @@
-"""Devices: the mesh and sharding rules (`sharding`), the jit / pmap trainers (`trainers`), multi-host start-up (`distributed`)."""
+"""Devices: the jit / pmap trainers (`trainers`), the mesh and sharding rules (`sharding`), multi-host start-up (`distributed`)."""

@@ -17,8 +17,8 @@ import numpy as np
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
+from training.core import step as step_lib
 from training.parallel import sharding
-from training.run import step as step_lib
 
 PMAP_AXIS = "batch"
 _details = logging.getLogger(__name__)  # per-parameter lines: DEBUG, shown with train.py --verbose

@@ -1,1 +1,1 @@
-"""One training run: the loop that orchestrates it (`loop`), the pure step (`step`), checkpoints and metrics."""
+"""One training run: the loop that orchestrates it (`loop`), on top of the rest of training/."""

@@ -17,15 +17,15 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from training import config as config_lib
+from training import checkpoints, config as config_lib
+from training.core import compile_cache, files, lock, precision, step as step_lib
+from training.core.errors import RunRefused
+from training.core.metrics import MetricsWriter
 from training.data import tokenizer
 from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
-from training.run import checkpoints, compile_cache, files, lock, precision, step as step_lib
-from training.run.errors import RunRefused
-from training.run.metrics import MetricsWriter
 
 
 LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir

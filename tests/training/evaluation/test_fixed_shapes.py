@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from models import Transformer, TransformerConfig, beam_search, greedy_decode
+from training.core.compile_cache import CompileCounter
 from training.data import batching
 from training.evaluation import dev, translate
-from training.run.compile_cache import CompileCounter
 
 BUCKETS = (8, 12, 16, 24, 32, 48)
 FIXED = (32, 64)

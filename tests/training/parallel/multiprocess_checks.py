@@ -15,10 +15,9 @@ import numpy as np
 
 from models import Transformer
 from sharding_checks import VOCAB, as_dict, make_batches, make_config, optimizer
-from training import config as config_lib
+from training import checkpoints, config as config_lib
+from training.core.metrics import MetricsWriter
 from training.parallel import distributed, trainers
-from training.run import checkpoints
-from training.run.metrics import MetricsWriter
 
 STEPS = 5
 

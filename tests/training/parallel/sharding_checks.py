@@ -17,10 +17,10 @@ import optax
 
 from configs import default
 from models import Transformer
-from training import config as config_lib
+from training import checkpoints, config as config_lib
+from training.core import step as step_lib
 from training.data.batching import Batch
 from training.parallel import trainers
-from training.run import checkpoints, step as step_lib
 
 STEPS = 2
 VOCAB = 64

@@ -13,7 +13,7 @@ import pytest
 
 import multiprocess_checks
 import sharding_checks
-from training.run import checkpoints
+from training import checkpoints
 
 pytestmark = pytest.mark.slow  # two jax.distributed processes and a reference run: `pytest -m slow`
 ROOT = Path(__file__).resolve().parents[3]

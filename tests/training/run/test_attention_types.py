@@ -11,7 +11,7 @@ import pytest
 from configs import default
 from models import Transformer
 from training import config as config_lib
-from training.run import step as step_lib
+from training.core import step as step_lib
 
 VOCAB = 40
 

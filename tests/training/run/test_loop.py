@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from configs import default
-from training import config as config_lib
+from training import checkpoints, config as config_lib
+from training.core import precision, step as step_lib
 from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import checkpoints, loop, precision, step as step_lib
+from training.run import loop
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -19,13 +19,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_checkpoints import corrupt_largest_file, state
+from tests.training.test_checkpoints import corrupt_largest_file, state
 from test_loop import tiny_config
 
-from training import config as config_lib
+from training import checkpoints, config as config_lib
+from training.core import compile_cache, errors
+from training.core.metrics import MetricsWriter
 from training.evaluation import dev as dev_lib
-from training.run import checkpoints, compile_cache, errors, loop
-from training.run.metrics import MetricsWriter
+from training.run import loop
 
 ROOT = Path(__file__).resolve().parents[3]
 

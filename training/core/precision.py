@@ -25,7 +25,7 @@ import jaxlib
 
 import backends
 from backends import xla_cpu_bf16
-from training.run import files
+from training.core import files
 
 CHOICES_FILE = "headcount-dtype-choices.json"  # in the compilation cache directory: machine key -> verdict
 RUN_INFO = "run_info.json"  # in a workdir: how the run's "auto" settings resolved

@@ -3,8 +3,8 @@
 import json
 import logging
 
+from training.core.metrics import MetricsWriter
 from training.evaluation import report
-from training.run.metrics import MetricsWriter
 
 RECORDS = ['{"step": 5, "loss": 2.0}', '{"step": 10, "loss": 1.5}', '{"step": 10, "split": "val", "loss": 1.7, "perplexity": 5.5, "bleu": 3.0}']
 

@@ -1,4 +1,4 @@
-"""`training.run.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels; packed batches."""
+"""`training.core.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels; packed batches."""
 
 import jax
 import numpy as np
@@ -6,8 +6,8 @@ import optax
 import pytest
 
 from models import Transformer, TransformerConfig
+from training.core import step as step_lib
 from training.data.batching import BatchSchedule, as_arrays
-from training.run import step as step_lib
 
 
 def numpy_losses(logits, targets, weights, smoothing):

@@ -11,7 +11,7 @@ import pytest
 
 from configs import default
 from training import config as config_lib
-from training.run import compile_cache
+from training.core import compile_cache
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PROGRAM = """
 import json, sys
 import jax, jax.numpy as jnp
-from training.run import compile_cache
+from training.core import compile_cache
 compile_cache.enable(sys.argv[1])
 with compile_cache.CompileCounter() as counter:
     y = jax.jit(lambda x: jnp.tanh(x) @ x.T + 1.0)(jnp.arange(12.0).reshape(3, 4))

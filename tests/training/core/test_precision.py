@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from training import config as config_lib
-from training.run import precision
+from training.core import precision
 
 from tests.training.run.test_loop import tiny_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from training.run.lock import DirectoryInUse
+from training.core.lock import DirectoryInUse
 
 
 class RunRefused(RuntimeError):

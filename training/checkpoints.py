@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from training.core import files
+from training.core.errors import RunRefused
 from training.parallel import distributed
-from training.run import files
-from training.run.errors import RunRefused
 
 CHECKSUM_FILE = "checksums.json"
 DAMAGED = "damaged"  # checkpoints/damaged/STEP: steps a writer found unreadable, kept aside

@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 from tensorboardX import SummaryWriter
 
-from training.run import files
+from training.core import files
 
 
 class MetricsWriter:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training.run import checkpoints
+from training import checkpoints
 
 
 def state(seed):

@@ -1,0 +1,103 @@
+"""config.model -> models.TransformerConfig: read by field name, old workdirs' config.json files still load, typos refused."""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from configs import default
+from models import TransformerConfig
+from training import config as config_lib
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB = 300
+HOOKS = dict(dot_general=None, formulation=None, dropout_keep=None)  # the backend's choices, not the config's
+
+
+def committed_workdir_configs() -> list[Path]:
+    """The config.json of every workdir kept in results/ (the oldest written before most later fields)."""
+    return sorted((ROOT / "results").rglob("config.json"))
+
+
+def test_config_model_is_the_model_fields_and_the_run_settings():
+    # configs/default.py gives every model field its default, and holds nothing else but the run's settings
+    assert set(default.get_config().model) == set(config_lib.model_field_names()) | set(config_lib.RUN_SETTINGS)
+    # every TransformerConfig field is either read from config.model or set by the run, none both
+    fields = [f.name for f in dataclasses.fields(TransformerConfig)]
+    assert sorted(config_lib.model_field_names() + config_lib.SET_BY_RUN) == sorted(fields)
+
+
+def test_the_default_config_gives_the_model_written_out_by_hand():
+    config = default.get_config()
+    config.model.update(dtype="float32", num_kv_heads=2, v_head_dim=32, attention_type="performer",
+                        attention_options="num_features=16")
+    expected = TransformerConfig(
+        vocab_size=VOCAB, d_model=256, num_heads=4, num_kv_heads=2, head_dim=None, v_head_dim=32, num_layers=3,
+        mlp_dim=1024, dropout_rate=0.1, attention_dropout_rate=0.0, pre_ln=True, activation="relu", tie_embeddings=True,
+        scale_out_init=False, max_len=256, dtype=jnp.float32, attention_impl="vmap", attention_type="performer",
+        attention_options={"num_features": 16},
+    )
+    assert dataclasses.replace(config_lib.model_config(config, VOCAB, "float32"), **HOOKS) == expected
+
+
+@pytest.mark.parametrize("path", committed_workdir_configs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_committed_workdir_config_loads_validates_and_builds(path):
+    config = config_lib.load_saved(path)
+    config_lib.validate(config)
+    model = config_lib.model_config(config, VOCAB, "float32")
+    saved = json.loads(path.read_text())["model"]
+    for name, value in saved.items():  # what the workdir saved reaches the model
+        if name not in config_lib.RUN_SETTINGS:
+            expected = config_lib.parse_options(value) if name == "attention_options" else value
+            assert getattr(model, name) == expected, name
+
+
+def test_the_oldest_workdir_config_reads_back_with_the_later_fields_at_their_old_behaviour():
+    path = ROOT / "results/default/config.json"
+    saved = json.loads(path.read_text())
+    assert not {"v_head_dim", "matmul", "attention_type", "attention_options"} & set(saved["model"])  # it predates them
+    config = config_lib.load_saved(path)
+    assert (config.model.v_head_dim, config.model.matmul, config.model.attention_type, config.model.attention_options) == (
+        None, "auto", "softmax", "")
+    assert (config.data.pack_length, config.optimizer.schedule, config.eval.lengths) == (0, "rsqrt", ())
+    expected = TransformerConfig(vocab_size=VOCAB, d_model=256, num_heads=4, num_layers=3, mlp_dim=1024, max_len=256)
+    assert dataclasses.replace(config_lib.model_config(config, VOCAB, "float32"), **HOOKS) == expected
+
+
+@pytest.mark.parametrize("where", ["config file", "config.json"])
+def test_an_unknown_model_field_is_refused_by_name(where, tmp_path):
+    config = default.get_config()
+    config.model.num_head = 8  # a typo of num_heads
+    if where == "config.json":
+        (tmp_path / "config.json").write_text(config.to_json_best_effort())
+        config = config_lib.load_saved(tmp_path / "config.json")
+    with pytest.raises(ValueError, match=re.escape("config.model.num_head = 8: no such model field; expected one of")):
+        config_lib.validate(config)
+    with pytest.raises(ValueError, match="config.model.num_head = 8"):
+        config_lib.model_config(config, VOCAB, "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigWithANewField(TransformerConfig):
+    new_knob: int = 0  # 0: the behaviour before the field
+
+
+def test_a_new_model_field_is_one_dataclass_field_and_its_default(monkeypatch):
+    monkeypatch.setattr(config_lib, "TransformerConfig", ConfigWithANewField)
+    config = default.get_config()
+    config.model.new_knob = 3  # its default in configs/default.py
+    config.model.dtype = "float32"
+    assert config_lib.model_config(config, VOCAB).new_knob == 3
+    old = ml_collections.ConfigDict(json.loads(default.get_config().to_json_best_effort()))  # saved before the field
+    assert config_lib.complete(old).model.new_knob == 0
+    assert config_lib.model_config(old, VOCAB, "float32").new_knob == 0
+
+
+def test_options_are_written_as_the_text_they_are_read_from():
+    options = {"num_features": 16, "share_kv": True, "alpha_init": 1.5, "kernel": "relu", "seed": None}
+    assert config_lib.parse_options(config_lib.format_options(options)) == options
+    assert config_lib.format_options({}) == ""
