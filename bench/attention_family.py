@@ -12,7 +12,8 @@ measured peak; a formulation planned above `--max_gib` is compiled for its plan 
 attention and entmax at N = 16384 plan 32 GiB), and its time ratios are then left blank. Members that
 cannot be causal (linformer) are left out of the causal rows; MLA's core is exact attention
 (its gain is the cache, `attention.family.cache_elements_per_token`), so it is not timed here.
-`--members performer lsh` times only those members (beside the exact references, which always run).
+Members run with `experiments.lib.member_options` at each N, the settings the experiments train
+with. `--members performer lsh` times only those members (beside the exact references, which always run).
 `--window 256` adds Longformer's sliding window (Beltagy et al. 2020): exact attention to keys
 within ±256 positions (causal: the 256 before), on the blockwise kernel, which skips the blocks
 outside the band (`local_window_size`, not a family member: every `impl` honours it).
@@ -31,22 +32,10 @@ import jax.numpy as jnp
 
 import attention
 from attention import family
-from bench.timing import CLOCKS
+from bench.lib import CLOCKS
+from experiments.lib import member_options
 
 B, H, D = 1, 8, 64
-
-
-def member_options(name: str, N: int) -> dict:
-    """Each member's settings at length N: the papers' defaults where they give one."""
-    return {
-        "linformer": dict(max_length=N, projected_length=256),  # the paper's k for long N
-        "performer": dict(num_features=256),  # ~ d ln d
-        # BigBird-ITC; below N = 1024 the blocks shrink so a row keeps 16 (else its 8 seen blocks would cover it)
-        "bigbird": dict(block_size=min(64, N // 16), window_blocks=1, global_blocks=2, random_blocks=3),
-        "lsh": dict(num_buckets=max(2, 2 * (N // 128)), chunk_length=64, num_hashes=2),  # ~2 chunks per bucket
-        "entmax": dict(),
-        "span": dict(max_span=256, ramp=32, impl="blockwise"),
-    }[name]
 
 
 def timed_members(causal: bool = False) -> list[str]:

@@ -29,15 +29,12 @@ import json
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 import attention
-from bench.timing import CLOCKS, median_ms
-
-ROOT = Path(__file__).resolve().parents[1]  # child processes run `-m bench.…` from here
+from bench.lib import CLOCKS, ROOT, median_ms
 
 # (batch, length, query heads, head dim, kv heads)
 DEFAULT_SHAPES = (

@@ -24,39 +24,8 @@ import time
 
 import jax
 
-from configs import default, table3_preset
+from bench.lib import LogLines, tiny_preset
 from training.run import loop
-
-TINY_MODEL = dict(d_model=32, num_heads=4, mlp_dim=64)
-
-
-def tiny_preset(packed: bool, steps: int, train_limit: int = 0, vocab_size: int | None = None):
-    """The preset at a tiny model size, `steps` steps, the first `train_limit` training pairs (0: all);
-    `vocab_size` None: the preset's own."""
-    config = table3_preset.apply(default.get_config("h=4"), packed=packed)
-    table3_preset.set_steps(config, steps)
-    config.log_every_steps = max(1, steps // 10)
-    config.data.train_limit = train_limit
-    if vocab_size:
-        config.data.vocab_size = vocab_size
-    config.model.update(TINY_MODEL)
-    return config
-
-
-class LogLines(logging.Handler):
-    """Every log record's (time, message), kept in order (to read a run's own lines back)."""
-
-    def __init__(self):
-        super().__init__()
-        self.records: list[tuple[float, str]] = []
-
-    def emit(self, record):
-        self.records.append((record.created, record.getMessage()))
-
-    @property
-    def lines(self) -> list[str]:
-        return [message for _, message in self.records]
-
 
 # what `jax.log_compiles` logs for each program compiled (or loaded from the persistent cache)
 COMPILING = re.compile(r"^Compiling (\S+) with global shapes")

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import attention
 import backends
 from attention import family
-from bench.timing import CLOCKS, median_ms
+from bench.lib import CLOCKS, median_ms
 
 BATCH, WIDTH, HEADS = 8, 512, 8
 # the attention formulation training picks for this backend (backends.model_hooks)

@@ -4,57 +4,39 @@
     MULTI30K_DIR=... taskset -c 1 python -m bench.decode_ablation --ablate logits_barrier --rounds 6
                                                                     (results/peer.md, section 5)
 
-Times the `bench.peer_decode` workload (small model, random weights, batches of 20, beam 4, 63
-steps) twice in one process, alternating which goes first: as it is, and with one function of
-`models.decoding` replaced while the ablated decoder is traced:
-- `reorder`: the per-step cache reorder (`_gather_cache`) by the identity. It decodes wrong beams
-  at the cost of everything else, so the ratio bounds what a reorder-free cache could gain. Since
-  the beam rows (`attention.beams`) it reorders no keys or values, only layers' own states
-  (none in this model): before them, the float32 ratio was 0.804 (results/peer.md, section 5).
-- `logits_barrier`: the barrier between the vocabulary matmul and log_softmax (`_unfused`) by the
-  identity, so XLA may fuse them again; the ratio is what the barrier gains.
-Each side gets its own jitted decoder (`translate.decoder` is memoised on equal arguments, and
-an equal closure reuses JAX's trace: both caches are cleared between the builds), and the
-replacement is checked to have been traced.
+Times the `bench.peer_decode` workload (`bench.lib.OursDecode`: small model, random weights,
+batches of 20, beam 4, 63 steps) twice in one process, alternating which goes first: as it is, and
+with one piece of `models.beam_search` switched off through its own parameter, each side its own
+jitted decoder:
+- `reorder`: the per-step cache reorder (`reorder_cache=False`). It decodes wrong beams at the
+  cost of everything else, so the ratio bounds what a reorder-free cache could gain. Since the
+  beam rows (`attention.beams`) it reorders no keys or values, only layers' own states (none in
+  this model): before them, the float32 ratio was 0.804 (results/peer.md, section 5).
+- `logits_barrier`: the barrier between the vocabulary matmul and log_softmax
+  (`logits_barrier=False`), so XLA may fuse them again; the ratio is what the barrier gains.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-from unittest import mock
 
 import jax
 
-from bench.peer import cpu_description
-from bench.peer_decode import Ours
+from bench.lib import OursDecode, corpus_vocab, cpu_description
 from configs import default
-from models.decoding import _gather_cache as KEEP_ORDER  # with beams None: no reorder
-from training.data import tokenizer
 from training.data.corpus import load_corpus
-from training.evaluation import translate
 
-ABLATIONS = {  # name: (the models.decoding function replaced, its replacement given a trace log)
-    "reorder": ("_gather_cache", lambda traced: lambda cache, beams: traced.append(beams) or KEEP_ORDER(cache, None)),
-    "logits_barrier": ("_unfused", lambda traced: lambda logits, formulation: traced.append(logits) or logits),
+ABLATIONS = {  # name: the `models.beam_search` switch that takes the piece out
+    "reorder": "reorder_cache",
+    "logits_barrier": "logits_barrier",
 }
 
 
-def build_pair(args, vocab, src_ids) -> tuple[Ours, Ours]:
+def build_pair(args, vocab, src_ids) -> tuple[OursDecode, OursDecode]:
     """(the decoder as it is, the ablated one), each compiled for every batch shape."""
-    build = lambda: Ours(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4)
-    intact = build()
-    translate.decoder.cache_clear()
-    jax.clear_caches()
-    name, replacement = ABLATIONS[args.ablate]
-    traced = []
-    with mock.patch(f"models.decoding.{name}", replacement(traced)):
-        ablated = build()
-    if not traced or ablated.decode is intact.decode:
-        raise RuntimeError(f"the ablation {args.ablate!r} was never traced into a decoder of its own")
-    intact.seconds_per_batch(args.clock)  # recompiles what clear_caches dropped, outside the rounds
-    return intact, ablated
+    build = lambda **options: OursDecode(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4, **options)  # noqa: E731
+    return build(), build(**{ABLATIONS[args.ablate]: False})
 
 
 def main():
@@ -69,12 +51,11 @@ def main():
     args = parser.parse_args()
 
     config = default.get_config()
-    train = load_corpus(config, config.data.train_split)
-    vocab = tokenizer.load(tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed))
+    _, vocab = corpus_vocab(config)
     src_ids = vocab.encode(list(load_corpus(config, "test_2016_flickr").src[: args.batch * args.batches]))
     intact, ablated = build_pair(args, vocab, src_ids)
 
-    print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
+    print(cpu_description())
     print(f"jax {jax.__version__}, {jax.default_backend()}, {args.dtype}, clock {args.clock}; batch {args.batch}, "
           f"beam 4, {args.steps} steps, {len(intact.batches)} batches a side a round; ablated: {args.ablate}\n")
     print("| round | s a batch, as it is | s a batch, ablated | ablated / as it is |")

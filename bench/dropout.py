@@ -17,8 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bench.timing import CLOCKS
-from bench.train_step import SIZES
+from bench.lib import CLOCKS, SIZES
 from models.dropout import Dropout
 
 RATE = 0.1

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 
 import jax
 import numpy as np
 
-from bench.peer import cpu_description
-from bench.train_step import median_seconds
+from bench.lib import cpu_description, median_seconds
 from configs import ablation_family
 from training import config as config_lib
 from training.data import tokenizer
@@ -74,7 +72,7 @@ def main():
     timed = buckets_timed(configs["softmax"], vocab, args.min_share)
     tokens = sum(t for _, _, t in timed)
     model = configs["softmax"].model
-    print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}; {git_commit()}")
+    print(f"{cpu_description()}; {git_commit()}")
     print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; dtype {model.dtype}, matmul {model.matmul}; "
           f"buckets timed (length x rows: batches an epoch) "
           + ", ".join(f"{b.src.shape[1]} x {b.src.shape[0]}: {n}" for b, n, _ in timed)

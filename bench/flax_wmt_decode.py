@@ -1,6 +1,10 @@
 """Time Flax examples/wmt's own beam search (`predict_step`) on synthetic source batches.
 
-    python bench/flax_wmt_decode.py --wmt_dir WMT --batch 20 --max_len 64 --batches 3   (WMT: a snapshot of Flax's examples/wmt)
+    python -m bench.flax_wmt_decode --wmt_dir WMT --batch 20 --max_len 64 --batches 3   (WMT: a snapshot of Flax's examples/wmt)
+
+Run from the repository root by bench/peer_decode.py under the peer's interpreter; where the
+example's tensorflow, clu or input_pipeline imports fail, empty modules stand in for them
+(`bench.lib.import_flax_example`): beam search never touches them. The JSON says which.
 
 Imports the example's `train.py`, `models.py`, `decode.py` from --wmt_dir (nothing is copied) and
 builds the small model as `train_and_evaluate` does (emb/qkv 256, mlp 1024, 4 heads, 3 layers,
@@ -21,23 +25,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
-import sys
 import time
 
-VOCAB = 8000
-SMALL = dict(emb_dim=256, qkv_dim=256, mlp_dim=1024, num_heads=4, num_layers=3)
-TOY = dict(emb_dim=32, qkv_dim=32, mlp_dim=64, num_heads=2, num_layers=1)  # --toy: bench/gpu_report.py --dry_run
-
-
-def import_example(wmt_dir: str):
-    """Import the example's modules; stubs stand in for its data-side imports where they are missing (flax_wmt_import)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder, also under runpy
-    from flax_wmt_import import import_example as importer
-
-    mods, stubbed = importer(wmt_dir, ("train", "models", "decode", "configs.default"))
-    return (*mods, stubbed)
+from bench.lib import PEER_SIZES, VOCAB, import_flax_example
 
 
 def source_batch(rng, rows, length, eos_id, mean=16.0, sd=5.7):
@@ -66,7 +57,7 @@ def main():
     p.add_argument("--toy", action="store_true", help="a toy model instead of the small one (a dry run)")
     args = p.parse_args()
 
-    train, models, decode, default, stubbed = import_example(args.wmt_dir)
+    (train, models, decode, default), stubbed = import_flax_example(args.wmt_dir, ("train", "models", "decode", "configs.default"))
 
     import jax
     import jax.numpy as jnp
@@ -80,7 +71,7 @@ def main():
     cfg.per_device_batch_size = args.batch
     cfg.beam_size = args.beam
     cfg.max_predict_length = args.max_len
-    for k, v in (TOY if args.toy else SMALL).items():
+    for k, v in PEER_SIZES["toy" if args.toy else "small"].items():
         cfg[k] = v
     dtype = jnp.dtype(args.dtype) if args.dtype else train.preferred_dtype(cfg)
     n_dev = jax.local_device_count()

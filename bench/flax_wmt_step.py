@@ -1,6 +1,8 @@
 """Time Flax examples/wmt's own `train_step` on synthetic packed batches.
 
-    python bench/flax_wmt_step.py --wmt_dir WMT --size small --steps 10   (WMT: a snapshot of Flax's examples/wmt)
+    python -m bench.flax_wmt_step --wmt_dir WMT --size small --steps 10   (WMT: a snapshot of Flax's examples/wmt)
+
+Run from the repository root by bench/peer.py (`bench.lib.run_peer`) under the peer's interpreter.
 
 Imports the example's `models.py` and `train.py` from --wmt_dir (nothing is copied), builds the
 model config as its `train_and_evaluate` does (models.TransformerConfig, xavier_uniform kernels,
@@ -10,8 +12,9 @@ with linear warm-up), replicates the state and pmaps `train_step` over the local
 donate_argnums=(0,), exactly as the example's train loop, and feeds `common_utils.shard`ed numpy
 batches. Prints one JSON line: median/min/max step seconds and slot tokens/s (rows*64/step).
 
-If `input_pipeline` (which pulls in tensorflow_text through tokenizer.py) cannot be imported, a
-stub module stands in for it in sys.modules; the step never touches it. The JSON says which.
+Where `input_pipeline` (which pulls in tensorflow_text through tokenizer.py), tensorflow or clu
+cannot be imported, an empty module stands in for it (`bench.lib.import_flax_example`); the step
+never touches them. The JSON says which.
 """
 
 from __future__ import annotations
@@ -19,31 +22,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
-import sys
 import time
 
-SIZES = {
-    # emb, qkv, mlp, heads, layers (each of encoder and decoder), default rows
-    "small": dict(emb_dim=256, qkv_dim=256, mlp_dim=1024, num_heads=4, num_layers=3, rows=20),
-    "base": dict(emb_dim=512, qkv_dim=512, mlp_dim=2048, num_heads=8, num_layers=6, rows=32),
-    "toy": dict(emb_dim=32, qkv_dim=32, mlp_dim=64, num_heads=2, num_layers=1, rows=4),  # bench/gpu_report.py --dry_run
-}
-VOCAB = 8000
-LENGTH = 64
+from bench.lib import PEER_LENGTH, PEER_SIZES, SIZES, VOCAB, import_flax_example
 
 
-def import_example(wmt_dir: str):
-    """Import the example's modules; stubs stand in for its data-side imports where they are missing (flax_wmt_import)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder, also under runpy
-    from flax_wmt_import import import_example as importer
-
-    mods, stubbed = importer(wmt_dir, ("train", "models", "configs.default"))
-    return (*mods, stubbed)
-
-
-def packed_batch(rng, rows, length=LENGTH, vocab=VOCAB, per_row=3, fill=0.79):
+def packed_batch(rng, rows, length=PEER_LENGTH, vocab=VOCAB, per_row=3, fill=0.79):
     """One batch laid out as the example's pack_dataset lays it: `per_row` sentence pairs per
     row, positions restart at 0 in each segment, segment ids 1.., pad = 0 everywhere."""
     import numpy as np
@@ -81,7 +66,7 @@ def packed_batch(rng, rows, length=LENGTH, vocab=VOCAB, per_row=3, fill=0.79):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wmt_dir", required=True)
-    p.add_argument("--size", choices=list(SIZES), required=True)
+    p.add_argument("--size", choices=list(PEER_SIZES), required=True)
     p.add_argument("--batch", type=int, default=None, help="rows of 64 tokens (default: 20 small, 32 base)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--dtype", default="float32", help="compute dtype of TransformerConfig (example on CPU: float32)")
@@ -91,7 +76,7 @@ def main():
     p.add_argument("--profile_dir", default="", help="after timing, trace 3 steps with the JAX profiler into this folder")
     args = p.parse_args()
 
-    train, models, default, stubbed = import_example(args.wmt_dir)
+    (train, models, default), stubbed = import_flax_example(args.wmt_dir, ("train", "models", "configs.default"))
 
     import jax
     import jax.numpy as jnp
@@ -102,9 +87,8 @@ def main():
     from flax.training import common_utils
 
     cfg = default.get_config()
-    size = dict(SIZES[args.size])
-    rows = args.batch or size.pop("rows")
-    size.pop("rows", None)
+    size = PEER_SIZES[args.size]
+    rows = args.batch or (SIZES[args.size][1] if args.size in SIZES else 4)
     cfg.vocab_size = VOCAB
     cfg.per_device_batch_size = rows
     cfg.dropout_rate = args.dropout
@@ -136,7 +120,7 @@ def main():
     eval_config = train_config.replace(deterministic=True)
     rng = jax.random.key(cfg.seed)
     rng, init_rng = jax.random.split(rng)
-    shape = (rows, LENGTH)
+    shape = (rows, PEER_LENGTH)
     m = models.Transformer(eval_config)
     initial_variables = jax.jit(m.init)(init_rng, jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32))
     learning_rate_fn = train.create_learning_rate_schedule(
@@ -180,9 +164,9 @@ def main():
             jax.block_until_ready((state, metrics))
     loss = float(jax.device_get(metrics["loss"])[0] / jax.device_get(metrics["denominator"])[0])
     med = statistics.median(times)
-    slots = rows * n_dev * LENGTH
+    slots = rows * n_dev * PEER_LENGTH
     print(json.dumps(dict(
-        side="flax_wmt", label=args.label, size=args.size, dtype=args.dtype, rows=rows * n_dev, length=LENGTH,
+        side="flax_wmt", label=args.label, size=args.size, dtype=args.dtype, rows=rows * n_dev, length=PEER_LENGTH,
         devices=n_dev, params=n_params, attention_dropout=args.attention_dropout, dropout=args.dropout,
         steps=args.steps, median_s=round(med, 4), min_s=round(min(times), 4), max_s=round(max(times), 4),
         slot_tok_s=round(slots / med, 1), target_nonpad=round(nonpad, 3), input_nonpad=round(nonpad_in, 3),

@@ -3,9 +3,9 @@
     MULTI30K_DIR=DATA FLAX_WMT_DIR=WMT python -m bench.gpu_report            # on the GPU
     MULTI30K_DIR=DATA FLAX_WMT_DIR=WMT python -m bench.gpu_report --dry_run  # every part at toy sizes, any backend
 
-DATA: Multi30k (training/data/corpus.py); WMT: a snapshot of Flax's examples/wmt (the peer; without
-it the peer's parts say so and are skipped; its TensorFlow and clu imports are always stubbed, see
-bench/flax_wmt_import.py). What to carry onto an image that lacks this project's other
+DATA: Multi30k (training/data/corpus.py); WMT: a snapshot of Flax's examples/wmt, or FLAX_GIT_DIR=a
+google/flax git dir instead (the peer; without it the peer's parts say so and are skipped; its
+TensorFlow and clu imports are always stubbed, see bench.lib.import_flax_example). What to carry onto an image that lacks this project's other
 dependencies: docs/benchmarks.md, "The GPU report". Parts, each in its own section headed with its
 wall and CPU seconds (this process's and its children's; a part that fails reports its error and
 the others still run; `--parts` picks some):
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.flax_wmt_import import STUB_ENV
+from bench.lib import STUB_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("suite", "attention", "train_step", "preset", "decode")
@@ -188,13 +188,13 @@ def _torch_sdpa(shapes, calls) -> dict:
 
 
 def part_train_step(args) -> str:
-    from bench import peer
+    from bench import lib as peer
     from configs import default
     from training.data import tokenizer
     from training.data.corpus import load_corpus
 
     if not args.wmt_dir:
-        return "Skipped: no snapshot of Flax's examples/wmt (--wmt_dir or FLAX_WMT_DIR).\n"
+        return "Skipped: no snapshot of Flax's examples/wmt (--wmt_dir, FLAX_WMT_DIR or FLAX_GIT_DIR).\n"
     sizes = ["toy"] if args.dry_run else ["small", "base"]
     rows = 4 if args.dry_run else PEER_ROWS
     config = default.get_config()
@@ -226,7 +226,7 @@ def part_train_step(args) -> str:
             with jax.profiler.trace(ours_dir, create_perfetto_trace=True):
                 shape = max(ours.counts, key=ours.counts.get)
                 for i in range(3):
-                    ours._run(shape, i)
+                    ours.run_step(shape, i)
             kernels.append(kernel_table(f"**{size}, ours** (batch shape {shape[0]} x {shape[1]})", top_kernels(ours_dir)))
             kernels.append(kernel_table(f"**{size}, peer**", top_kernels(peer_dir)))
     summary = "".join(f"| {size} | {len(xs)} | **{np.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)}) |\n" for size, xs in ratios.items())
@@ -246,7 +246,7 @@ def _our_config(peer, size, dtype, overrides):
 
 
 def part_preset(args) -> str:
-    from bench.compile_count import LogLines, tiny_preset
+    from bench.lib import LogLines, tiny_preset
     from configs import default, table3_preset
     from training.evaluation import evaluate
     from training.evaluation.loaded import load_run
@@ -373,7 +373,7 @@ def _with_previous_step(records):
 
 def part_decode(args) -> str:
     if not args.wmt_dir:
-        return "Skipped: no snapshot of Flax's examples/wmt (--wmt_dir or FLAX_WMT_DIR).\n"
+        return "Skipped: no snapshot of Flax's examples/wmt (--wmt_dir, FLAX_WMT_DIR or FLAX_GIT_DIR).\n"
     steps, batch, batches = (7, 4, 2) if args.dry_run else (63, 64, 3)
     cmd = [sys.executable, "-m", "bench.peer_decode", "--wmt_dir", args.wmt_dir, "--dtypes", args.dtype,
            "--rounds", str(args.rounds), "--batch", str(batch), "--steps", str(steps), "--batches", str(batches),
@@ -390,12 +390,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry_run", action="store_true", help="every part at toy sizes (any backend)")
     parser.add_argument("--out", default=str(ROOT / "results" / "gpu.md"))
-    parser.add_argument("--wmt_dir", default=os.environ.get("FLAX_WMT_DIR", ""), help="Flax's examples/wmt (default: $FLAX_WMT_DIR)")
+    parser.add_argument("--wmt_dir", default="", help="Flax's examples/wmt (default: $FLAX_WMT_DIR, else extracted from $FLAX_GIT_DIR)")
     parser.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
     parser.add_argument("--rounds", type=int, default=0, help="alternating rounds against the peer (0: 2, 1 in a dry run)")
     parser.add_argument("--calls", type=int, default=0, help="attention calls a timing (0: 100, 3 in a dry run)")
     parser.add_argument("--suite_timeout_s", type=int, default=240)
     args = parser.parse_args(argv)
+    from bench.lib import flax_wmt_dir
+
+    args.wmt_dir = flax_wmt_dir(args.wmt_dir)
     args.calls = args.calls or (3 if args.dry_run else 100)
     args.rounds = args.rounds or (1 if args.dry_run else 2)
     # the peer parts' dtype: float32 in a dry run, whose CPU has no fast bfloat16 path for the peer (a toy step took 1 s)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention
-from bench.timing import CLOCKS, median_ms
+from bench.lib import CLOCKS, median_ms
 
 HEADS, KV_HEADS = 8, 2
 

@@ -26,11 +26,10 @@ if "--gpu" not in sys.argv:  # before JAX starts: the device count is fixed then
 import jax
 import numpy as np
 
-from bench.timing import median_ms
+from bench.lib import SIZES, median_ms, synthetic_batch
 from configs import default
 from models import Transformer
 from training import config as config_lib
-from training.data.batching import Batch
 from training.parallel import trainers
 from training.core import step as step_lib
 
@@ -40,12 +39,6 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16"
 # `%name = <result type> op(`; async pairs count once, at their -start (whose result tuple also holds the operand)
 _OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-SIZES = {
-    "small": dict(d_model=256, num_heads=4, num_layers=3, mlp_dim=1024),  # configs/default.py
-    "base": dict(d_model=512, num_heads=8, num_layers=6, mlp_dim=2048),  # configs/base.py
-}
-
-
 def collectives(hlo: str) -> dict[str, tuple[int, int]]:
     """{op: (count, result bytes)} over the compiled module's text."""
     found = {op: [0, 0] for op in COLLECTIVES}
@@ -59,17 +52,11 @@ def collectives(hlo: str) -> dict[str, tuple[int, int]]:
 
 def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"):
     config = default.get_config()
-    config.model.update(num_kv_heads=kv_heads, **SIZES[size])
+    config.model.update(num_kv_heads=kv_heads, **SIZES[size][0])
     config.mesh.data, config.mesh.model, config.mesh.shard_embeddings = data, model, shard_embeddings
     config.parallelism = parallelism
     config_lib.validate(config)
     return config
-
-
-def synthetic_batch(rows, length, vocab):
-    rng = np.random.default_rng(0)
-    tokens = lambda: rng.integers(4, vocab, (rows, length), dtype=np.int32)  # noqa: E731
-    return Batch(tokens(), tokens(), tokens(), np.ones((rows, length), np.float32))
 
 
 def state_bytes_per_device(state) -> int:
@@ -106,10 +93,10 @@ def meshes(max_devices, num_heads):
 
 def cpu_tables(args):
     devices = jax.devices()
-    rows = [f"jax {jax.__version__}, {len(devices)} fake CPU devices; size {args.size} ({SIZES[args.size]}), "
+    rows = [f"jax {jax.__version__}, {len(devices)} fake CPU devices; size {args.size} ({SIZES[args.size][0]}), "
             f"vocab {default.get_config().data.vocab_size}, global batch {args.rows} x {args.length}, float32", ""]
     for kv_heads, shard_embeddings in args.variants:
-        heads = SIZES[args.size]["num_heads"]
+        heads = SIZES[args.size][0]["num_heads"]
         rows += [f"### {heads} query heads, {kv_heads or heads} K/V heads, embeddings {'split over model' if shard_embeddings else 'replicated'}", "",
                  "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather | reduce-scatter | other | total MB | vs model=1 |",
                  "|---:|---|---:|---:|---|---|---|---|---:|---:|"]

@@ -21,12 +21,11 @@ the source bucket + that many tokens (the tables': 50).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import jax
 
-from bench.peer import cpu_description
+from bench.lib import cpu_description
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
@@ -56,7 +55,7 @@ def main():
     runs = [load_run(w) for w in args.workdirs]
     config = runs[0].config
     dev = load_corpus(config, config.data.eval_split)
-    print(f"{cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}")
+    print(cpu_description())
     print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; {config.data.eval_split} sources 1-{args.rows}, "
           f"output cap bucket + {args.max_extra_length}, median of 3 timed decodes after a warm-up, "
           "per workdir and round\n")

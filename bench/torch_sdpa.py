@@ -1,7 +1,8 @@
 """Time `torch.nn.functional.scaled_dot_product_attention` on one thread, as bench/attention_speed.py's peer.
 
-Needs only torch, NumPy and bench/timing.py, so it can run under another Python than the
-project's (torch's CPU wheel here exists for Python 3.11 only), from the repository root:
+Needs only torch, NumPy and bench/lib.py (which imports the standard library and NumPy), so it can
+run under another Python than the project's (torch's CPU wheel here exists for Python 3.11 only),
+from the repository root:
 
     python -m bench.torch_sdpa 1,2048,8,64,8 --causal --reps 3 --dtype float32 --clock cpu
 
@@ -16,7 +17,7 @@ import json
 import numpy as np
 import torch
 
-from bench.timing import CLOCKS, median_ms
+from bench.lib import CLOCKS, median_ms
 
 
 def main():

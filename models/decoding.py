@@ -93,13 +93,18 @@ def _grown_loop(cond, body, state, empty_cache, lengths):
     return state
 
 
-def _decode_step(model, params, cache, encoded, src_tokens, tokens):
-    """Feed tokens [N] at the cache position; return (log-probs [N, vocab] float32, new cache)."""
+def _decode_step(model, params, cache, encoded, src_tokens, tokens, logits_barrier=True):
+    """Feed tokens [N] at the cache position; return (log-probs [N, vocab] float32, new cache).
+
+    `logits_barrier=False`: no `_unfused` barrier, whatever the formulation (see `beam_search`)."""
     logits, variables = model.apply(
         {"params": params, "cache": cache}, encoded, src_tokens, tokens[:, None],
         method="decode", decode=True, mutable=["cache"],
     )
-    return jax.nn.log_softmax(_unfused(logits[:, -1], model.config.formulation)), variables["cache"]
+    logits = logits[:, -1]
+    if logits_barrier:
+        logits = _unfused(logits, model.config.formulation)
+    return jax.nn.log_softmax(logits), variables["cache"]
 
 
 def _unfused(logits, formulation):
@@ -192,7 +197,7 @@ class _Beams(NamedTuple):
 def beam_search(
     model, params, src_tokens: Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
     return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH, return_steps: bool = False,
-    limit: Array | None = None,
+    limit: Array | None = None, reorder_cache: bool = True, logits_barrier: bool = True,
 ) -> tuple[Array, ...]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
@@ -202,6 +207,11 @@ def beam_search(
     Stops early once no alive beam can beat the worst finished one (valid for alpha >= 0).
     `first_cache_length`: see `cache_lengths`. `return_steps`: a third output, the decoder steps
     the loop ran ([] int32). `limit`: as `greedy_decode`'s (hypotheses then compete at `limit`).
+
+    Two switches take one piece out of a step, to time what it costs (bench/decode_ablation.py):
+    `reorder_cache=False` leaves what layers keep of their own (performer's state, MLA's latent)
+    in its old beam order, which decodes wrong beams for such layers; `logits_barrier=False` lets
+    XLA fuse log_softmax into the vocabulary matmul where the formulation keeps them apart.
     """
     _check_args(model, src_tokens, max_len)
     # the early-stopping bound's penalty: a Python float without a limit (as it always was), else traced
@@ -229,7 +239,7 @@ def beam_search(
         # each beam writes the token it feeds into its own cache row
         rows = lax.dynamic_update_slice(s.rows, jnp.broadcast_to(own_row, (batch, K, 1)), (0, 0, s.step))
         log_probs, cache = _decode_step(model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens,
-                                        s.last.reshape(-1))
+                                        s.last.reshape(-1), logits_barrier)
         vocab = log_probs.shape[-1]
         # 2K candidates: even if K of them end in EOS, K remain to stay alive
         cand_logp = (s.alive_logp[:, :, None] + log_probs.reshape(batch, K, vocab)).reshape(batch, K * vocab)
@@ -248,7 +258,7 @@ def beam_search(
         parents = _take_beams(cand_beam, pick)
         return _Beams(
             step=s.step + 1,
-            cache=_gather_cache(cache, parents),
+            cache=_gather_cache(cache, parents if reorder_cache else None),
             rows=_take_beams(rows, parents),
             last=_take_beams(cand_token, pick),
             alive_seqs=_take_beams(cand_seqs, pick),

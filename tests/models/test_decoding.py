@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import models
+from backends import xla_cpu
 from tiny import model_config
 
 KEY = jax.random.key(0)
@@ -294,3 +295,38 @@ def test_tiny_model_overfits_four_pairs_and_greedy_reproduces_them():
     np.testing.assert_array_equal(greedy(model, params, src, 8), expected)
     tokens, _ = beam(model, params, src, beam_size=4, alpha=0.6, max_len=8)
     np.testing.assert_array_equal(tokens, expected)
+
+
+def search_with(model, params, **switches):
+    """All three beams of each source, with `beam_search`'s timing switches set as given."""
+    return jax.jit(lambda p: models.beam_search(model, p, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN,
+                                                return_all_beams=True, **switches))(params)
+
+
+def test_without_the_reorder_a_foreign_layers_beams_go_wrong_and_ours_stay_right():
+    # Flax's layer keeps its keys/values in its cache row, so only the reorder puts a beam's own history there
+    foreign = FlaxAttentionDecoder(models.TransformerConfig(vocab_size=20, max_len=16))
+    params = foreign.init(KEY, SRC, SRC)["params"]
+    seqs, scores = search_with(foreign, params, reorder_cache=False)
+    off = [abs(float(scores[b, k]) - rescore(foreign, params, SRC[b], seqs[b, k], 0.6))
+           for b in range(SRC.shape[0]) for k in range(3)]
+    assert max(off) > 1e-2  # some beam scored on another beam's history
+    # our layers read their histories through the beam rows: the same search either way
+    model, params = random_model()
+    with_reorder, without = search_with(model, params), search_with(model, params, reorder_cache=False)
+    np.testing.assert_array_equal(with_reorder[0], without[0])
+    np.testing.assert_allclose(with_reorder[1], without[1], rtol=0, atol=1e-6)
+
+
+def test_without_the_logits_barrier_the_program_loses_it_and_the_search_is_the_same():
+    model = models.Transformer(tiny(formulation=xla_cpu.FORMULATION))
+    params = model.init(KEY, SRC, SRC)["params"]
+
+    def barriers(**switches):
+        search = jax.jit(lambda p: models.beam_search(model, p, SRC, beam_size=3, max_len=MAX_LEN, **switches))
+        return search.lower(params).as_text().count("optimization_barrier")
+
+    assert barriers(logits_barrier=False) < barriers()
+    kept, dropped = search_with(model, params), search_with(model, params, logits_barrier=False)
+    np.testing.assert_array_equal(kept[0], dropped[0])
+    np.testing.assert_allclose(kept[1], dropped[1], rtol=0, atol=1e-5)

@@ -1,8 +1,8 @@
 """Multi-query associative recall at long N: which attention-family member can still find a key anywhere in the row.
 
-    taskset -c 1 python -m bench.associative_recall   # results/attention_family.md (N = 512)
-    taskset -c 1 python -m bench.associative_recall --length 2048   # the long setting, ~2 h a member on one CPU core
-    taskset -c 1 python -m bench.associative_recall --length 128 --steps 20 --types softmax performer   # a smoke run
+    taskset -c 1 python -m experiments.associative_recall   # results/attention_family.md (N = 512)
+    taskset -c 1 python -m experiments.associative_recall --length 2048   # the long setting, ~2 h a member on one CPU core
+    taskset -c 1 python -m experiments.associative_recall --length 128 --steps 20 --types softmax performer   # a smoke run
 
 The task (multi-query associative recall, after Arora et al. 2023, "Zoology"), generated on the
 fly: a row of N tokens holds P pair tokens, each storing one (key, value) binding (distinct keys),
@@ -12,7 +12,7 @@ pre-LN, width 64, 4 heads) built from `attention.MultiHeadAttention(attention_ty
 from scratch for each member with the same data, steps and seed, and scored on fresh rows: the
 share of queries answered (chance 1 / keys). Exact attention solves it with one content lookup;
 approximations that blur or drop far tokens do not. Members run with
-`bench.attention_family.member_options` at this N, except that span may learn to reach the whole
+`experiments.lib.member_options` at this N, except that span may learn to reach the whole
 row (max_span = N: the task is long-range by construction).
 
 One token a binding, not Zoology's key and value as two tokens: that form needs a
@@ -30,8 +30,7 @@ import jax
 import numpy as np
 
 from attention import family
-from bench.attention_family import member_options
-from bench.encoder_task import evaluate, final_loss, fit, member_encoder
+from experiments.lib import evaluate, final_loss, fit, member_encoder, member_options
 
 
 def vocabulary(num_keys: int, num_values: int, num_noise: int) -> dict:

@@ -1,7 +1,7 @@
 """Masked-LM perplexity at N = 512: Linformer's own quality claim, "k = 128 within 1 % of full attention".
 
-    taskset -c 1 python -m bench.masked_lm   # results/attention_family.md (the claims table)
-    taskset -c 1 python -m bench.masked_lm --length 128 --steps 20 --projected_lengths 32   # a smoke run
+    taskset -c 1 python -m experiments.masked_lm   # results/attention_family.md (the claims table)
+    taskset -c 1 python -m experiments.masked_lm --length 128 --steps 20 --projected_lengths 32   # a smoke run
 
 Each row trains from the same seed, rows and masks, so rows can run as separate processes
 (`--projected_lengths` with no value: softmax alone; `--no-softmax`: the Linformer rows alone).
@@ -15,11 +15,11 @@ project's SentencePiece unigram vocabulary trained on that text (128 pieces: cha
 short words), sentences joined with EOS into one stream. Training rows are N tokens at random
 offsets of the train stream; a `--mask_rate` share of each row's positions is replaced by a [MASK]
 id (BERT's masking, without its 10 % random and 10 % kept tokens) and predicted. The model is
-`bench.encoder_task`'s two-layer encoder, the same for every member and seed. Scored on the val
+`experiments.lib`'s two-layer encoder, the same for every member and seed. Scored on the val
 and test_2016_flickr streams cut into consecutive rows, each masked `--eval_masks` times with
 draws fixed for every member and seed: masked-token perplexity and accuracy. Linformer rows differ
 from the softmax row only in the attention (E and F of `[k, N]`, shared by the heads, as in
-`bench.attention_family`).
+`bench/attention_family.py`).
 
 A masked LM first sits at the unigram perplexity (47 with these pieces) until attention learns to
 read the neighbours; at N = 128 that took between 1,500 steps (PPL 44-47 at lr 1e-3 to 1e-2) and
@@ -33,8 +33,7 @@ import argparse
 import jax
 import numpy as np
 
-from bench.attention_family import member_options
-from bench.encoder_task import evaluate, final_loss, fit, member_encoder
+from experiments.lib import evaluate, final_loss, fit, member_encoder, member_options
 from models.tokens import EOS_ID
 from training.data import tokenizer
 from training.data.corpus import default_multi30k_dir, load_multi30k

@@ -1,9 +1,9 @@
-"""bench.associative_recall's task generator: every query's target is the value stored in the pair token of its key."""
+"""experiments.associative_recall's task generator: every query's target is the value stored in the pair token of its key."""
 
 import numpy as np
 import pytest
 
-from bench.associative_recall import make_batch, vocabulary
+from experiments.associative_recall import make_batch, vocabulary
 
 
 def test_rows_hold_one_pair_token_per_key_and_queries_answered_by_them():

@@ -1,11 +1,11 @@
-"""bench.masked_lm's data (streams, rows, masks) and bench.encoder_task's scoring, against hand-worked values and NumPy."""
+"""experiments.masked_lm's data (streams, rows, masks) and experiments.lib's scoring, against hand-worked values and NumPy."""
 
 import jax
 import numpy as np
 import pytest
 
-from bench.encoder_task import Encoder, evaluate, fit
-from bench.masked_lm import eval_rows, mask_rows, token_stream, train_rows
+from experiments.lib import Encoder, evaluate, fit
+from experiments.masked_lm import eval_rows, mask_rows, token_stream, train_rows
 from models.tokens import EOS_ID
 
 

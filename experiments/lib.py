@@ -1,8 +1,10 @@
-"""The small bidirectional encoder and the training loop that bench's learned tasks share.
+"""What the experiments share: each family member's settings at length N, the small encoder, its training loop.
 
-`bench.associative_recall` (long-range lookup) and `bench.masked_lm` (Linformer's perplexity claim)
-train the same model per attention-family member from the same seed, so that a difference between
-members is the attention's alone.
+`experiments.associative_recall` (long-range lookup) and `experiments.masked_lm` (Linformer's
+perplexity claim) train the same model per attention-family member from the same seed, so that a
+difference between members is the attention's alone. `bench/attention_family.py` times the members
+at the same settings (`member_options`), so its speed and memory rows and these tasks' quality rows
+describe one configuration.
 """
 
 from __future__ import annotations
@@ -19,6 +21,19 @@ import attention
 from models.transformer import sinusoidal_positions
 
 WIDTH, HEADS, LAYERS = 64, 4, 2
+
+
+def member_options(name: str, N: int) -> dict:
+    """Each member's settings at length N: the papers' defaults where they give one."""
+    return {
+        "linformer": dict(max_length=N, projected_length=256),  # the paper's k for long N
+        "performer": dict(num_features=256),  # ~ d ln d
+        # BigBird-ITC; below N = 1024 the blocks shrink so a row keeps 16 (else its 8 seen blocks would cover it)
+        "bigbird": dict(block_size=min(64, N // 16), window_blocks=1, global_blocks=2, random_blocks=3),
+        "lsh": dict(num_buckets=max(2, 2 * (N // 128)), chunk_length=64, num_hashes=2),  # ~2 chunks per bucket
+        "entmax": dict(),
+        "span": dict(max_span=256, ramp=32, impl="blockwise"),
+    }[name]
 
 
 class Encoder(nn.Module):
@@ -55,7 +70,7 @@ class Encoder(nn.Module):
 
 
 def member_encoder(attention_type: str, options: dict, vocab_size: int, length: int, positions: str = "learned") -> Encoder:
-    """The encoder with `attention_type` set by `options` (as `bench.attention_family.member_options` gives them)."""
+    """The encoder with `attention_type` set by `options` (as `member_options` gives them)."""
     options = dict(options)
     impl = options.pop("impl", "vmap")  # a layer setting, which the layer passes on to the member
     return Encoder(vocab_size, length, attention_type, options or None, impl, positions)
