@@ -4,8 +4,10 @@ The cache is `[batch..., G, max_length, D]` (the layout attention computes in,
 `attention.grouped`), and `index` holds the next free position: one for the whole batch (`[]`,
 the Linen layer's, as Flax's) or one per sequence (`[batch...]`, the NNX layer's), so a batch of
 prompts of different lengths decodes together. Sequence b's new tokens land at `index[b],
-index[b] + 1, ...`; positions past the end are dropped, never clamped onto earlier entries. Its
+index[b] + 1, ...`; positions outside the cache are dropped, never clamped onto other entries. Its
 query at absolute position p sees cached keys <= p, exactly the keys the full causal pass shows it.
+A shared index writes with `dynamic_update_slice` (in place under donation, as Flax's cache), a
+per-sequence one with a scatter; both follow that one rule (tests/attention/test_cache.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+from jax import lax
 
 from attention.formulation import Formulation, resolve
 from attention.masks import and_masks, as_bool_mask, causal_from
@@ -67,20 +70,41 @@ def _advance(lengths, index, batch, new_length):
 def write(cache: Array, new: Array, index: Array) -> Array:
     """cache `[batch..., G, L, D]`, new `[batch..., L_new, G, D]`, index `[]` or `[batch...]` -> updated cache.
 
-    Row b gets `new[b]` at positions `index[b] .. index[b] + L_new - 1`; positions past the
-    end are dropped (never clamped onto earlier entries, as `dynamic_update_slice` would).
+    Row b gets `new[b]` at positions `index[b] .. index[b] + L_new - 1`; positions outside
+    `[0, L)` are dropped (never clamped onto other entries, as `dynamic_update_slice` would).
     """
+    new = new.astype(cache.dtype)
+    return (_write_shared if index.ndim == 0 else _write_per_sequence)(cache, new, index)
+
+
+def _write_shared(cache, new, index):
+    """One position for the whole batch: a `dynamic_update_slice` of the length axis, in place under donation.
+
+    The block lands where `dynamic_update_slice` puts it anyway, `start` (the index clipped into the
+    cache); where that is not the index (the block would overhang an end), the new entries shift
+    by the difference and the slots no new position reaches keep their old entries.
+    """
+    new = jnp.swapaxes(new, -3, -2)  # [batch..., G, L_new, D], the cache's layout
+    L, L_new = cache.shape[-2], new.shape[-2]
+    start = jnp.clip(index, 0, L - L_new)
+    shift = index - start  # 0 unless the block overhangs an end
+    if L_new > 1:  # (one new position: shift 0 writes it, any other drops it)
+        new = jnp.roll(new, shift, axis=-2)
+    slot = lax.broadcasted_iota(index.dtype, new.shape, new.ndim - 2)  # each entry's place in the block
+    old = lax.dynamic_slice_in_dim(cache, start, L_new, axis=-2)
+    block = jnp.where((slot >= shift) & (slot < shift + L_new), new, old)
+    return lax.dynamic_update_slice_in_dim(cache, block, start, axis=-2)
+
+
+def _write_per_sequence(cache, new, index):
+    """One position per sequence: a scatter of each row's new entries (out-of-range positions dropped)."""
     *batch, G, L, D = cache.shape
-    L_new = new.shape[-3]
-    if index.ndim == 0:  # one position for all: a slice of the length axis
-        positions = index + jnp.arange(L_new, dtype=index.dtype)
-        return cache.at[..., positions, :].set(jnp.swapaxes(new, -3, -2).astype(cache.dtype), mode="drop")
-    B = math.prod(batch)
+    B, L_new = math.prod(batch), new.shape[-3]
     positions = index.reshape(B, 1) + jnp.arange(L_new, dtype=index.dtype)[None, :]  # [B, L_new]
+    positions = jnp.where(positions < 0, L, positions)  # dropped too, not counted from the end
     rows = jnp.arange(B, dtype=index.dtype)[:, None]
-    flat = cache.reshape(B, G, L, D)
     # advanced indices on axes 0 and 2 put their [B, L_new] first: values are [B, L_new, G, D]
-    flat = flat.at[rows, :, positions].set(new.reshape(B, L_new, G, D).astype(cache.dtype), mode="drop")
+    flat = cache.reshape(B, G, L, D).at[rows, :, positions].set(new.reshape(B, L_new, G, D), mode="drop")
     return flat.reshape(cache.shape)
 
 
