@@ -72,6 +72,7 @@ def test_bfloat16_backward_products_are_not_converted_to_float32():
     assert not upcast.search(compiled_backward(row_major_dot_general, jnp.ones((64, 48), jnp.float32)))
 
 
+@pytest.mark.slow  # a whole bfloat16 Transformer twice (~20 s of one core): kept out of the default suite's time budget
 def test_bfloat16_transformer_matches_the_lax_path():
     """Row-major on vs off: the same logits and gradients, up to bfloat16 rounding."""
     src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)

@@ -68,6 +68,7 @@ def test_an_unknown_position_scheme_is_refused_by_name():
             jax.random.key(0), np.zeros((1, 4), np.int32))
 
 
+@pytest.mark.slow  # trains the encoder task (~11 s): kept out of the default suite's time budget
 def test_lr_scales_freeze_or_slow_only_the_named_parameters():
     """Scale 0 leaves E and F as initialised; 0.5 moves them half as far as 1 (AdamW's update is linear in the rate:
     one update from the same gradients); every other parameter moves the same in all three runs."""

@@ -104,6 +104,7 @@ def test_dk_sweep_fixes_d_v():
     sweep.load_module(ROOT / "configs/ablation_dk.py")  # a valid sweep config
 
 
+@pytest.mark.slow  # every family member's model at translation lengths (~12 s): kept out of the default suite's time budget
 def test_family_sweep_members_differ_from_softmax_at_translation_lengths():
     # The family sweep's options are sized so that each approximation bites on a ~20-token sentence (with the
     # papers' 64-token blocks, bigbird equals softmax there): every member the sweep sets options

@@ -89,6 +89,7 @@ def test_a_packed_batch_steps_as_the_same_pairs_padded_one_a_row():
         np.testing.assert_allclose(a, b, atol=1e-6)  # the same gradient
 
 
+@pytest.mark.slow  # trains adaptive spans for many steps (~10 s): kept out of the default suite's time budget
 def test_the_adaptive_span_l1_penalty_joins_the_loss_and_pulls_the_spans_in():
     """Loss with λ > 0 = loss without + λ Σ_layers mean_h(S clip(span_h, 0, 1)) (Sukhbaatar et al.'s L1), by hand."""
     batch = as_arrays(BatchSchedule.assemble([[5, 6, 7], [10, 11]], [[8, 9], [12, 13, 14]], rows=2, length=4))
