@@ -102,3 +102,13 @@ def test_dry_run_writes_every_part(tmp_path):
         assert "ours / peer" in report and "vs peer" in report
     else:
         assert report.count("Skipped: no snapshot of Flax's examples/wmt") == 2
+
+
+def test_attention_family_plans_survive_a_backend_without_memory_analysis(monkeypatch):
+    from bench import attention_family
+
+    step = jax.jit(lambda q, k, v, params: q @ k.T @ v)
+    x = jnp.ones((8, 8))
+    assert 8 * 8 * 4 / 2**30 <= attention_family.planned_gib(step, None, x, x, x) < 2**-16  # at least the output, far below a MiB
+    monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", lambda self: None)
+    assert math.isnan(attention_family.planned_gib(step, None, x, x, x))
