@@ -9,6 +9,7 @@ import pytest
 
 import attention
 from attention import family
+from chunked import decode_in_chunks
 
 RNG = np.random.default_rng(0)
 X = jnp.asarray(RNG.normal(size=(2, 6, 16)), jnp.float32)
@@ -27,12 +28,7 @@ def test_layer_decode_equals_the_full_pass(attention_type):
     layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, attention_type=attention_type, decode=True)
     variables = layer.init(jax.random.key(0), X)
     full = layer.clone(decode=False).apply({"params": variables["params"]}, X, is_causal=True)
-    cache, pieces = variables["cache"], []
-    for lo, hi in ((0, 2), (2, 3), (3, 6)):
-        out, upd = layer.apply({"params": variables["params"], "cache": cache}, X[:, lo:hi], mutable=["cache"])
-        cache = upd["cache"]
-        pieces.append(out)
-    np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(decode_in_chunks(layer, variables, X, ((0, 2), (2, 3), (3, 6))), full, rtol=1e-4, atol=1e-5)
 
 
 def test_members_keep_the_layer_projections_and_add_their_own_parameters():

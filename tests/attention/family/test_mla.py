@@ -8,6 +8,7 @@ import pytest
 import attention
 from attention import family
 from attention.geometry import HeadGeometry
+from chunked import decode_in_chunks
 
 RNG = np.random.default_rng(0)
 B, L, D, H = 2, 7, 16, 4
@@ -49,12 +50,7 @@ def test_decode_over_the_latent_cache_equals_the_full_pass():
     variables = layer.init(jax.random.key(0), x)
     assert variables["cache"]["mla"]["cached_latent"].shape == (B, L, 6)
     full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
-    cache, pieces = variables["cache"], []
-    for lo, hi in ((0, 3), (3, 4), (4, 7)):
-        out, upd = layer.apply({"params": variables["params"], "cache": cache}, x[:, lo:hi], mutable=["cache"])
-        cache = upd["cache"]
-        pieces.append(out)
-    np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)
+    np.testing.assert_allclose(decode_in_chunks(layer, variables, x, ((0, 3), (3, 4), (4, 7))), full, atol=1e-5)
 
 
 def test_gradients_are_causal():

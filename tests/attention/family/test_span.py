@@ -8,6 +8,7 @@ import pytest
 import attention
 import reference
 from attention.family.span import Span
+from chunked import decode_in_chunks
 
 RNG = np.random.default_rng(0)
 B, L, H, G, d = 2, 10, 4, 2, 8
@@ -67,12 +68,7 @@ def test_layer_decode_equals_the_full_pass():
                                          attention_options=options, decode=True)
     variables = layer.init(jax.random.key(0), x)
     full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
-    cache, pieces = variables["cache"], []
-    for lo, hi in ((0, 4), (4, 5), (5, 10)):
-        out, upd = layer.apply({"params": variables["params"], "cache": cache}, x[:, lo:hi], mutable=["cache"])
-        cache = upd["cache"]
-        pieces.append(out)
-    np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=2e-5)
+    np.testing.assert_allclose(decode_in_chunks(layer, variables, x, ((0, 4), (4, 5), (5, 10))), full, atol=2e-5)
 
 
 def test_a_negative_l1_penalty_is_refused_by_name():
