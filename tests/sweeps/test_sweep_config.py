@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_kv
+from configs import (ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_heads_budget,
+                     ablation_kv)
 from training import config as config_lib
 from sweeps import store, sweep
 
@@ -174,6 +175,7 @@ class Vocab:
     (ablation_family, "attention=softmax", {}, 8),
     (ablation_head_size, "shape=h8_dk32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8),
     (ablation_head_size, "shape=h32_dk8", {"model.head_dim": 8, "model.v_head_dim": 8}, 32),
+    (ablation_heads_budget, "run=h8_4000", {}, 8), (ablation_heads_budget, "run=h32_4000", {}, 32),
 ])
 def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled, rows_a):
     # The seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE, SWEEP_SHARED) must be the run they would train:
@@ -279,6 +281,21 @@ def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=60) == 128 + signal.SIGTERM
     assert (tmp_path / "terminated").read_text() == str(int(signal.SIGTERM))
+
+
+def test_heads_budget_doubles_only_the_steps():
+    # The 8,000-step runs are rows A's points with twice the steps and the cadence tied to them; warm-up and the
+    # cosine's shape stay (300 steps, then down to zero at the last step).
+    for h in (8, 32):
+        rows_a = flat(ablation_heads.get_config(f"h={h}"))
+        longer = flat(ablation_heads_budget.get_config(f"run=h{h}_8000"))
+        assert {k: v for k, v in longer.items() if rows_a[k] != v} == {
+            "num_train_steps": 8000, "eval_every_steps": 800, "checkpoint_every_steps": 800}
+        assert (longer["optimizer.warmup_steps"], longer["optimizer.schedule"]) == (300, "cosine")
+    sweep.load_module(ROOT / "configs/ablation_heads_budget.py")  # a valid sweep config
+    for arg in ("run=h16_8000", "h=8", "run="):
+        with pytest.raises(ValueError, match="run="):
+            ablation_heads_budget.get_config(arg)
 
 
 def test_head_size_shapes_cross_heads_and_width():
