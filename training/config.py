@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -237,7 +238,8 @@ def check_max_len(config: ml_collections.ConfigDict) -> None:
 
 
 def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    # finite too: an inf or nan peak learning rate would train to nan parameters, not fail here
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _count(value) -> bool:
@@ -247,7 +249,7 @@ def _count(value) -> bool:
 def _check_knobs(config: ml_collections.ConfigDict) -> None:
     """The optimizer, data and eval numbers a run would otherwise accept and misuse (train uphill, at rate 0, ...)."""
     opt = config.optimizer
-    _require("optimizer.learning_rate", opt.learning_rate, _positive(opt.learning_rate), "a number > 0 (the schedule's peak)")
+    _require("optimizer.learning_rate", opt.learning_rate, _positive(opt.learning_rate), "a finite number > 0 (the schedule's peak)")
     # rsqrt divides by the warm-up (0: a rate of 0 all run); cosine ramps over it (0: straight to the peak)
     least = 1 if opt.schedule == "rsqrt" else 0
     _require("optimizer.warmup_steps", opt.warmup_steps, _count(opt.warmup_steps) and opt.warmup_steps >= least,

@@ -151,7 +151,9 @@ def test_a_loss_far_above_the_running_loss_is_divergence():
 # ---- validation: the field the user set, before the slow set-up
 
 @pytest.mark.parametrize("field, value, message", [
-    ("optimizer.learning_rate", -1.0, "config.optimizer.learning_rate = -1.0; expected a number > 0"),
+    ("optimizer.learning_rate", -1.0, "config.optimizer.learning_rate = -1.0; expected a finite number > 0"),
+    ("optimizer.learning_rate", float("inf"), "config.optimizer.learning_rate = inf; expected a finite number > 0"),
+    ("optimizer.learning_rate", float("nan"), "config.optimizer.learning_rate = nan; expected a finite number > 0"),
     ("optimizer.warmup_steps", 0, "config.optimizer.warmup_steps = 0; expected an int >= 1"),
     ("data.train_limit", -1, "config.data.train_limit = -1; expected an int >= 0"),
     ("eval.bleu_examples", -1, "config.eval.bleu_examples = -1; expected an int >= 0"),
