@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -69,7 +70,46 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path, r
 
 def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: compile_cache.CompileCounter, entered: float,
                         restart: bool) -> dict:
-    if not restart:  # a restart starts afresh whatever the workdir holds (moved aside below)
+    run = _prepare(config, workdir, cache, restart)
+    workdir.mkdir(parents=True, exist_ok=True)  # every check has passed
+    with lock.held(workdir / LOCK_FILE) if distributed.is_main() else contextlib.nullcontext():
+        distributed.main_first("workdir", lambda: _write_workdir(config, workdir, run, restart))
+        ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+        writer = None
+        try:
+            restored, start = ckpts.restore_latest(run.trainer.to_checkpoint(run.state))
+            if restored is not None:
+                run.state = run.trainer.from_checkpoint(restored)
+                logging.info("resumed from step %d", start)
+            logging.info("model parameters: %d", step_lib.parameter_count(run.trainer.to_checkpoint(run.state).params))
+            writer = MetricsWriter(workdir, resume_step=start)
+            return _train(config, run, ckpts, writer, start, compiles, entered)
+        finally:
+            if writer is not None:
+                writer.close()
+            ckpts.close()
+
+
+@dataclasses.dataclass
+class _Run:
+    """A run's inputs, every one checked before the workdir is written: data, vocabulary, model, trainer, state."""
+    train: Corpus
+    dev: Corpus
+    vocab: object  # a SentencePiece processor (tokenizer.load)
+    vocab_proto: bytes
+    reuse_vocab: bool  # the workdir's own vocabulary (a resume), not one trained now
+    run_info: dict  # precision.RUN_INFO: how model.dtype was resolved
+    model: object
+    schedule: BatchSchedule
+    dev_set: list
+    rng_dropout: jax.Array
+    trainer: trainers.MeshTrainer | trainers.PmapTrainer
+    state: object  # the train state; replaced by the restored one on a resume
+
+
+def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
+    """Check the config against the workdir, load the data, get the vocabulary, build model, trainer and state."""
+    if not restart:  # a restart starts afresh whatever the workdir holds (moved aside by _write_workdir)
         config_lib.check_resumable(config, workdir / "config.json")
         check_history(workdir)
     if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
@@ -96,125 +136,126 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
     logging.info("compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"])
     model = config_lib.build_model(config, vocab, dtype)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
-
     schedule = BatchSchedule(
         vocab.encode(list(train.src)), vocab.encode(list(train.tgt)),
         token_budget=config.data.token_budget, bucket_lengths=config.data.bucket_lengths, seed=config.seed,
         pack_length=config.data.pack_length,
     )
     logging.info("%d batches an epoch; %d pairs longer than the largest bucket dropped", schedule.batches_per_epoch, schedule.examples_dropped)
-    dev_set = dev_batches(config, vocab, dev)
-
     # one program, not one per eager op (seed, split, unstack): a run's compile count is its few real programs
     rng_params, rng_dropout = jax.jit(lambda: tuple(jax.random.split(jax.random.key(config.seed))))()
-    tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
-    trainer = trainers.make_trainer(config, model, tx)
+    trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer, config.num_train_steps))
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
+    return _Run(train, dev, vocab, vocab_proto, reuse_vocab, run_info, model, schedule, dev_batches(config, vocab, dev),
+                rng_dropout, trainer, state)
 
-    workdir.mkdir(parents=True, exist_ok=True)  # every check has passed
-    with lock.held(workdir / LOCK_FILE) if distributed.is_main() else contextlib.nullcontext():
 
-        def write_workdir():
-            if distributed.is_main():
-                if restart:
-                    _move_run_aside(workdir)
-                files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
-                files.write_atomic(workdir / precision.RUN_INFO, json.dumps(run_info, indent=2))
-                if not reuse_vocab:
-                    files.write_atomic(vocab_path, vocab_proto)
+def _write_workdir(config, workdir: Path, run: _Run, restart: bool) -> None:
+    """Process 0 writes config.json, the run info and a new vocabulary (after moving a restarted run aside)."""
+    if distributed.is_main():
+        if restart:
+            _move_run_aside(workdir)
+        files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
+        files.write_atomic(workdir / precision.RUN_INFO, json.dumps(run.run_info, indent=2))
+        if not run.reuse_vocab:
+            files.write_atomic(workdir / "spm.model", run.vocab_proto)
 
-        distributed.main_first("workdir", write_workdir)
-        ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
-        restored, start = ckpts.restore_latest(trainer.to_checkpoint(state))
-        if restored is not None:
-            state = trainer.from_checkpoint(restored)
-            logging.info("resumed from step %d", start)
-        n_params = step_lib.parameter_count(trainer.to_checkpoint(state).params)
-        logging.info("model parameters: %d", n_params)
 
-        eval_step = dev_lib.eval_step_fn(model)
-        writer = MetricsWriter(workdir, resume_step=start)
-        learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))  # logged; jitted: one program, not a dozen eager ops
-        stop = _StopFlag()
-        dev_metrics: dict = {}
-        watch = LossWatch(config.get("divergence_factor", 0.0),
-                          min((r["loss"] for r in writer.records if "split" not in r and "loss" in r), default=None))
-
-        def evaluate(done: int) -> dict | None:
-            """Dev metrics at `done` (recorded, and best/ updated); None if a stop signal came during them."""
-            result = dev_lib.dev_metrics(config, model, trainer.local_params(state.params), vocab, dev, dev_set, eval_step, done,
-                                         stop=lambda: distributed.agree(stop.requested)[0])
-            if result is None:
-                return None
-            if not math.isfinite(result["perplexity"]):  # a finite blow-up: as diverged as a NaN
-                raise _diverged(f"dev loss {result['loss']:g} at step {done} overflows its perplexity", ckpts)
-            writer.write(result)
-            logging.info("dev %s", result)
-            ckpts.save_if_best(done, trainer.to_checkpoint(state), result["loss"])
-            return result
-
-        # An evaluation a stop signal cut short is redone before training goes on.
-        if distributed.agree(start > 0 and start % config.eval_every_steps == 0
-                             and not any(r["step"] == start and "split" in r for r in writer.records))[0]:
-            logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
-            dev_metrics = evaluate(start) or {}
-        window = _Window(compiles)
-        progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
-        started = time.monotonic()
-        try:
-            for step in range(start, config.num_train_steps):
-                t0 = time.perf_counter()
-                batch = schedule.batch(step)
-                t1 = time.perf_counter()
-                state, metrics = trainer.step(state, trainer.put_batch(as_arrays(batch)), rng_dropout)
-                metrics = jax.device_get(metrics)  # also waits for the step: honest step times
-                loss = float(metrics["loss"])
-                if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
-                    raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
-                window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
-                if step == start:
-                    window.first_step_s = time.monotonic() - entered
-                    logging.info("first step done %.1fs after the start; compilation so far: %s",
-                                 window.first_step_s, _compile_summary(compiles.totals()))
-                stop.catch()
-                done = step + 1
-                out_of_time, stop_requested = distributed.agree(
-                    bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
-                last = done == config.num_train_steps or out_of_time
-                progress.update()
-                progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
-                if done % config.log_every_steps == 0 or last:
-                    record = window.flush(done, float(learning_rate(step)))
-                    writer.write(record)
-                    eta = (config.num_train_steps - done) * record["step_time_s"]
-                    logging.info("step %d/%d %s eta %.0fs", done, config.num_train_steps, " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
-                evaluate_now = done % config.eval_every_steps == 0 or last
-                checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
-                if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
-                    _check_finite(state.params, done, ckpts)
-                if evaluate_now:
-                    result = evaluate(done)
-                    if result is None:  # SIGTERM/SIGINT during it: save now, redo the evaluation on resume
-                        ckpts.save(done, trainer.to_checkpoint(state))
-                        logging.info("stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
-                                     "(the evaluation is redone on resume), exiting", stop.signum, done)
-                        break
-                    dev_metrics = result
-                if checkpoint_now:
-                    ckpts.save(done, trainer.to_checkpoint(state))
-                if out_of_time:
-                    logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
+def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles: compile_cache.CompileCounter,
+           entered: float) -> dict:
+    """Train from step `start` to the last (or a stop): log, evaluate, checkpoint. The last dev metrics."""
+    state = run.state
+    evaluate = _Evaluator(config, run, ckpts, writer)
+    learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))  # logged; jitted: one program, not a dozen eager ops
+    stop = _StopFlag()
+    dev_metrics: dict = {}
+    watch = LossWatch(config.get("divergence_factor", 0.0),
+                      min((r["loss"] for r in writer.records if "split" not in r and "loss" in r), default=None))
+    # An evaluation a stop signal cut short is redone before training goes on.
+    if distributed.agree(start > 0 and start % config.eval_every_steps == 0
+                         and not any(r["step"] == start and "split" in r for r in writer.records))[0]:
+        logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
+        dev_metrics = evaluate(state, start, stop) or {}
+    window = _Window(compiles)
+    progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
+    started = time.monotonic()
+    try:
+        for step in range(start, config.num_train_steps):
+            t0 = time.perf_counter()
+            batch = run.schedule.batch(step)
+            t1 = time.perf_counter()
+            state, metrics = run.trainer.step(state, run.trainer.put_batch(as_arrays(batch)), run.rng_dropout)
+            metrics = jax.device_get(metrics)  # also waits for the step: honest step times
+            loss = float(metrics["loss"])
+            if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
+                raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
+            window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+            if step == start:
+                window.first_step_s = time.monotonic() - entered
+                logging.info("first step done %.1fs after the start; compilation so far: %s",
+                             window.first_step_s, _compile_summary(compiles.totals()))
+            stop.catch()
+            done = step + 1
+            out_of_time, stop_requested = distributed.agree(
+                bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
+            last = done == config.num_train_steps or out_of_time
+            progress.update()
+            progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if done % config.log_every_steps == 0 or last:
+                _log_window(config, writer, window.flush(done, float(learning_rate(step))))
+            evaluate_now = done % config.eval_every_steps == 0 or last
+            checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
+            if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
+                _check_finite(state.params, done, ckpts)
+            if evaluate_now:
+                result = evaluate(state, done, stop)
+                if result is None:  # SIGTERM/SIGINT during it: save now, redo the evaluation on resume
+                    ckpts.save(done, run.trainer.to_checkpoint(state))
+                    logging.info("stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
+                                 "(the evaluation is redone on resume), exiting", stop.signum, done)
                     break
-                if stop_requested:
-                    logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
-                    break
-        finally:
-            progress.close()
-            stop.restore()
-            writer.close()
-            ckpts.close()
-        return dev_metrics
+                dev_metrics = result
+            if checkpoint_now:
+                ckpts.save(done, run.trainer.to_checkpoint(state))
+            if out_of_time:
+                logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
+                break
+            if stop_requested:
+                logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
+                break
+    finally:
+        progress.close()
+        stop.restore()
+    return dev_metrics
+
+
+class _Evaluator:
+    """Dev metrics at a step: recorded, best/ updated; None if a stop signal came during them."""
+
+    def __init__(self, config, run: _Run, ckpts, writer: MetricsWriter):
+        self.config, self.run, self.ckpts, self.writer = config, run, ckpts, writer
+        self.eval_step = dev_lib.eval_step_fn(run.model)
+
+    def __call__(self, state, done: int, stop: _StopFlag) -> dict | None:
+        run = self.run
+        result = dev_lib.dev_metrics(self.config, run.model, run.trainer.local_params(state.params), run.vocab, run.dev, run.dev_set,
+                                     self.eval_step, done, stop=lambda: distributed.agree(stop.requested)[0])
+        if result is None:
+            return None
+        if not math.isfinite(result["perplexity"]):  # a finite blow-up: as diverged as a NaN
+            raise _diverged(f"dev loss {result['loss']:g} at step {done} overflows its perplexity", self.ckpts)
+        self.writer.write(result)
+        logging.info("dev %s", result)
+        self.ckpts.save_if_best(done, run.trainer.to_checkpoint(state), result["loss"])
+        return result
+
+
+def _log_window(config, writer: MetricsWriter, record: dict) -> None:
+    writer.write(record)
+    eta = (config.num_train_steps - record["step"]) * record["step_time_s"]
+    logging.info("step %d/%d %s eta %.0fs", record["step"], config.num_train_steps,
+                 " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
 
 
 def _nonempty(config, field: str) -> Corpus:
