@@ -35,10 +35,7 @@ SWEEP_CONTRASTS = (  # (label, from, to): results/head_size.md's decomposition o
 
 
 def get_config(arg: str | None = None):
-    key, _, value = (arg or f"{SWEEP_KEY}={SWEEP_REFERENCE}").partition("=")
-    if key != SWEEP_KEY or value not in SHAPES:
-        raise ValueError(f"configs/ablation_head_size.py takes {SWEEP_KEY}=<one of {tuple(SHAPES)}>, got {arg!r}")
-    heads, width = SHAPES[value]
+    heads, width = table3_preset.named_point(arg, SWEEP_KEY, SHAPES, SWEEP_REFERENCE, "configs/ablation_head_size.py")
     config = table3_preset.apply(default.get_config(f"h={heads}"))
     config.model.head_dim = width
     config.model.v_head_dim = width

@@ -37,9 +37,6 @@ SWEEP_CONTRASTS = (  # (label, from, to): results/heads_budget.md's comparisons 
 
 
 def get_config(arg: str | None = None):
-    key, _, value = (arg or f"{SWEEP_KEY}={SWEEP_REFERENCE}").partition("=")
-    if key != SWEEP_KEY or value not in RUNS:
-        raise ValueError(f"configs/ablation_heads_budget.py takes {SWEEP_KEY}=<one of {tuple(RUNS)}>, got {arg!r}")
-    heads, steps = RUNS[value]
+    heads, steps = table3_preset.named_point(arg, SWEEP_KEY, RUNS, SWEEP_REFERENCE, "configs/ablation_heads_budget.py")
     config = table3_preset.apply(default.get_config(f"h={heads}"))
     return table3_preset.set_steps(config, steps)

@@ -61,3 +61,12 @@ def set_steps(config, num_train_steps: int):
     config.eval_every_steps = num_train_steps // 10
     config.checkpoint_every_steps = num_train_steps // 10
     return config
+
+
+def named_point(arg: str | None, key: str, points: dict, reference: str, path: str):
+    """What a sweep config over named points maps its argument `KEY=NAME` to (`reference`'s when `arg` is None);
+    a ValueError naming the config file and the names it takes otherwise."""
+    given, _, name = (arg or f"{key}={reference}").partition("=")
+    if given != key or name not in points:
+        raise ValueError(f"{path} takes {key}=<one of {tuple(points)}>, got {arg!r}")
+    return points[name]
