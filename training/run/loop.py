@@ -92,8 +92,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
 
 @dataclasses.dataclass
 class _Run:
-    """A run's inputs, every one checked before the workdir is written: data, vocabulary, model, trainer, state."""
-    train: Corpus
+    """A run's inputs, every one checked before the workdir is written: dev data, vocabulary, model, trainer, state."""
     dev: Corpus
     vocab: object  # a SentencePiece processor (tokenizer.load)
     vocab_proto: bytes
@@ -147,7 +146,7 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
     trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer, config.num_train_steps))
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
-    return _Run(train, dev, vocab, vocab_proto, reuse_vocab, run_info, model, schedule, dev_batches(config, vocab, dev),
+    return _Run(dev, vocab, vocab_proto, reuse_vocab, run_info, model, schedule, dev_batches(config, vocab, dev),
                 rng_dropout, trainer, state)
 
 
