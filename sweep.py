@@ -6,6 +6,7 @@
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --points_per_device 3  # 3 per GPU
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
     python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
+    python sweep.py --study configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
@@ -20,7 +21,7 @@ from pathlib import Path
 from absl import app, flags
 
 from training.core import errors, logs
-from sweeps import launch, sweep, tables as sweep_tables
+from sweeps import launch, study, sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
 flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
@@ -35,6 +36,8 @@ flags.DEFINE_integer("slurm_time_min", 240, "--launcher slurm: time limit per jo
 flags.DEFINE_integer("slurm_cpus", 4, "--launcher slurm: CPU cores per job")
 flags.DEFINE_bool("print_commands", False, "print each unfinished point's command and exit")
 flags.DEFINE_bool("collect", False, "only rebuild the tables and plots from the results stored in --results_dir")
+flags.DEFINE_string("study", None, "a study config (configs/table3_preset.py): write RESULTS_DIR/STUDY_NAME.md, its "
+                    "sweeps' comparisons under one Holm family (sweeps/study.py), from --results_dir alone")
 flags.DEFINE_string("results_dir", "results", "finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png")
 flags.DEFINE_string("point", None, "internal / cluster use: run only this point (KEY=VALUE) ...")
 flags.DEFINE_integer("seed", 0, "... with this seed")
@@ -48,6 +51,9 @@ def main(argv):
     del argv
     f = flags.FLAGS
     results_dir = Path(f.results_dir)
+    if f.study:
+        print(f"wrote {study.write(results_dir, sweep.import_file(f.study, '--study'))}")
+        return
     if f.collect:
         names = [sweep.load_module(f.config).SWEEP_NAME] if f.config else None
         for path in sweep_tables.collect(results_dir, names):

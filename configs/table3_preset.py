@@ -14,6 +14,21 @@ PACK_LENGTH = 64  # the packed variant's row length (as configs/default.py packs
 EVAL_LENGTHS = (64,)  # the packed variant's fixed evaluation lengths (model.max_len added): Multi30k's dev set fits 64
 NUM_TRAIN_STEPS = 4000  # see the docstring and results/plateau/ (about 7.6 epochs of Multi30k at 1024 slots a batch)
 
+# Every comparison results/table3.md reads, as one study (`python sweep.py --study configs/table3_preset.py`:
+# one Holm family over all of them, beside each sweep's own): rows A and B and KV sharing against the
+# reference, the head-size decomposition, and the budget's two comparisons rows A lacks. Head size's
+# h8_dk32 -> h32_dk8 and the budget's h8_4000 -> h32_4000 are rows A's h = 8 -> 32 (the same runs), so
+# they are left out rather than counted twice.
+STUDY_NAME = "table3_study"
+STUDY_TITLE = "Table 3 as one study"
+STUDY = (
+    *(("heads", 8, h) for h in (1, 2, 4, 16, 32)),
+    ("dk", 32, 8), ("dk", 32, 16),
+    *(("kv", 8, kv) for kv in (4, 2, 1)),
+    ("head_size", "h8_dk32", "h8_dk8"), ("head_size", "h8_dk8", "h32_dk8"), ("head_size", "h32_dk8", "h32_dk16"),
+    ("heads_budget", "h8_8000", "h32_8000"), ("heads_budget", "h8_4000", "h8_8000"), ("heads_budget", "h32_4000", "h32_8000"),
+)
+
 
 def apply(config, *, packed: bool = False):
     """Set the shared preset on `config` (a configs/default.py config) in place; `packed`: see `pack`."""

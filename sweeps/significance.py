@@ -28,6 +28,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
@@ -150,14 +151,18 @@ def compare_seeds(point: Sequence[float], reference: Sequence[float]) -> SeedCom
                           tost_p(difference, se, df), minimum_detectable_difference(se, df))
 
 
-def table_comparisons(points: Mapping[int | str, Sequence[float]], reference: Sequence[float],
-                      planned: int = 0) -> dict[int | str, SeedComparison]:
-    """Every point of one table against the reference, with Holm's adjustment over the table's comparisons
-    (at least `planned` of them), separately for the difference tests and the equivalence tests."""
-    compared = {value: compare_seeds(bleu, reference) for value, bleu in points.items()}
+def adjust(compared: Mapping[Any, SeedComparison], planned: int = 0) -> dict[Any, SeedComparison]:
+    """`compared` with Holm's adjustment over its comparisons (at least `planned` of them), separately for the
+    difference tests and the equivalence tests: one family, whatever the keys name (values, contrasts, a study)."""
     p_holm = holm([c.p for c in compared.values()], planned)
     tost_holm = holm([c.tost_p for c in compared.values()], planned)
-    return {value: dataclasses.replace(c, p_holm=p, tost_p_holm=t) for (value, c), p, t in zip(compared.items(), p_holm, tost_holm)}
+    return {key: dataclasses.replace(c, p_holm=p, tost_p_holm=t) for (key, c), p, t in zip(compared.items(), p_holm, tost_holm)}
+
+
+def table_comparisons(points: Mapping[int | str, Sequence[float]], reference: Sequence[float],
+                      planned: int = 0) -> dict[int | str, SeedComparison]:
+    """Every point of one table against the reference, Holm-adjusted over the table's comparisons (`adjust`)."""
+    return adjust({value: compare_seeds(bleu, reference) for value, bleu in points.items()}, planned)
 
 
 def _check_samples(point, reference) -> None:

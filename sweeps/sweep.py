@@ -78,14 +78,20 @@ class Point:
         return f"{self.key}={self.value}"
 
 
-def load_module(config_path: str | Path) -> ModuleType:
-    """The sweep config module at `config_path`, checked for the sweep names and their values."""
+def import_file(config_path: str | Path, flag: str = "--config") -> ModuleType:
+    """The Python module at `config_path` (a config file, not a package module)."""
     path = Path(config_path)
     if not path.is_file():
-        raise FileNotFoundError(f"--config {config_path}: no such file")
+        raise FileNotFoundError(f"{flag} {config_path}: no such file")
     spec = importlib.util.spec_from_file_location(f"sweep_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def load_module(config_path: str | Path) -> ModuleType:
+    """The sweep config module at `config_path`, checked for the sweep names and their values."""
+    module = import_file(config_path)
     missing = [n for n in SWEEP_NAMES if not hasattr(module, n)]
     if missing:
         raise ValueError(f"{config_path} is not a sweep config: it lacks {', '.join(missing)}")

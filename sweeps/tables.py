@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 import statistics
@@ -94,7 +93,7 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     return paths
 
 
-def _bleu_by_value(results: list[dict], metric: str = "test_bleu") -> dict[int | str, list[float]]:
+def bleu_by_value(results: list[dict], metric: str = "test_bleu") -> dict[int | str, list[float]]:
     """Each value's per-seed `metric`, in seed order."""
     by_value: dict[int | str, list[float]] = {}
     for r in sorted(results, key=lambda r: r["seed"]):
@@ -124,7 +123,7 @@ def _signed(x: float, fmt: str = ".2f") -> str:
     return "–" if math.isnan(x) else f"{x:+{fmt}}"
 
 
-def _comparison_cells(c: significance.SeedComparison) -> list[str]:
+def comparison_cells(c: significance.SeedComparison) -> list[str]:
     ci = "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
     return [_signed(c.difference), ci, _signed(c.hedges_g), _p(c.p), _p(c.p_holm), _p(c.tost_p_holm),
             "–" if math.isnan(c.mdd) else f"{c.mdd:.2f}", f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict]
@@ -139,7 +138,7 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
     (significance.table_comparisons: Welch, Hedges' g, Holm over the table, TOST), with the scored steps;
     a value of the sweep with no finished seed reads "not run yet"."""
     key, reference = spec["key"], spec["reference"]
-    bleu = _bleu_by_value(results)
+    bleu = bleu_by_value(results)
     if reference not in bleu:
         return ""
     compared = significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference],
@@ -156,7 +155,7 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
             lines.append(f"| {value} | 0 | not run yet |" + " |" * (len(titles) - 3))
             continue
         cells = [str(value), str(len(runs)), f"{statistics.fmean(bleu[value]):.2f}"]
-        cells += ["reference"] + [""] * (len(COMPARISON_TITLES) - 1) if value == reference else _comparison_cells(compared[value])
+        cells += ["reference"] + [""] * (len(COMPARISON_TITLES) - 1) if value == reference else comparison_cells(compared[value])
         cells.append(_steps(runs))
         if paper:
             ours, theirs = paper_numbers(key, runs[0]), paper_numbers(key, base)
@@ -193,12 +192,9 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
     contrasts = spec.get("contrasts") or []
     if not contrasts:
         return ""
-    bleu = _bleu_by_value(results)
+    bleu = bleu_by_value(results)
     ready = {label: (bleu[a], bleu[b]) for label, a, b in contrasts if a in bleu and b in bleu}
-    tests = {label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}
-    p_holm = significance.holm([c.p for c in tests.values()], len(contrasts))
-    tost_holm = significance.holm([c.tost_p for c in tests.values()], len(contrasts))
-    tests = {label: dataclasses.replace(c, p_holm=p, tost_p_holm=t) for (label, c), p, t in zip(tests.items(), p_holm, tost_holm)}
+    tests = significance.adjust({label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}, len(contrasts))
     titles = ["comparison", "from → to", "seeds", *COMPARISON_TITLES]
     lines = ["## The decomposition: one change at a time\n", "| " + " | ".join(titles) + " |", "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|"]
     for label, a, b in contrasts:
@@ -206,7 +202,7 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
             missing = " and ".join(v for v in (a, b) if v not in bleu)
             lines.append(f"| {label} | {a} → {b} | – | {missing} not run yet |" + " |" * (len(COMPARISON_TITLES) - 1))
             continue
-        lines.append(f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | " + " | ".join(_comparison_cells(tests[label])) + " |")
+        lines.append(f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | " + " | ".join(comparison_cells(tests[label])) + " |")
     lines.append("\nDifference: mean test BLEU of the right-hand value's seeds minus the left-hand one's; the columns as "
                  "in the table above, Holm over these comparisons.\n")
     return "\n".join(lines) + "\n"
