@@ -7,6 +7,7 @@
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
     python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
     python sweep.py --study configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
+    python sweep.py --adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
@@ -36,6 +37,8 @@ flags.DEFINE_integer("slurm_time_min", 240, "--launcher slurm: time limit per jo
 flags.DEFINE_integer("slurm_cpus", 4, "--launcher slurm: CPU cores per job")
 flags.DEFINE_bool("print_commands", False, "print each unfinished point's command and exit")
 flags.DEFINE_bool("collect", False, "only rebuild the tables and plots from the results stored in --results_dir")
+flags.DEFINE_bool("adopt", False, "with --config: copy every seed the other sweeps have stored of this sweep's shared "
+                  "points (rows A's h = 8 for rows B, KV, family; sweeps.sweep.adopt_stored), then exit; --collect after")
 flags.DEFINE_string("study", None, "a study config (configs/table3_preset.py): write RESULTS_DIR/STUDY_NAME.md, its "
                     "sweeps' comparisons under one Holm family (sweeps/study.py), from --results_dir alone")
 flags.DEFINE_string("results_dir", "results", "finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png")
@@ -53,6 +56,12 @@ def main(argv):
     results_dir = Path(f.results_dir)
     if f.study:
         print(f"wrote {study.write(results_dir, sweep.import_file(f.study, '--study'))}")
+        return
+    if f.adopt:
+        if f.config is None:
+            raise app.UsageError("--adopt needs --config (the sweep that shares another's runs)")
+        adopted = sweep.adopt_stored(sweep.load_module(f.config), results_dir)
+        print(f"adopted {len(adopted)} point(s): {', '.join(p.name for p in adopted) or 'none new'}")
         return
     if f.collect:
         names = [sweep.load_module(f.config).SWEEP_NAME] if f.config else None

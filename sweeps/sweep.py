@@ -265,6 +265,20 @@ def adopt_shared(module: ModuleType, wanted: list[Point], results_dir: Path) -> 
     return adopted
 
 
+def adopt_stored(module: ModuleType, results_dir: Path) -> list[Point]:
+    """`adopt_shared` for every seed the other sweeps have stored of this sweep's shared points, however many
+    seeds this sweep was started with: how rows A's later seeds reach the sweeps that share its runs."""
+    wanted = []
+    for value, (origin_name, origin_value) in shared_points(module).items():
+        source = Path(results_dir) / origin_name
+        if not (source / store.SPEC_FILE).exists():
+            continue
+        origin = store.point_path(source, store.read_spec(source)["key"], origin_value, 0).parent
+        seeds = sorted(int(d.name[4:]) for d in origin.glob("seed*") if d.name[4:].isdigit())
+        wanted += [Point(module.SWEEP_KEY, value, seed) for seed in seeds]
+    return adopt_shared(module, wanted, results_dir)
+
+
 def _same_vocabulary(out: Path, source: Path) -> bool:
     """Whether sweep `out` tokenises as sweep `source` does, adopting the source's vocabulary when `out` has none."""
     vocabulary, source_vocabulary = out / store.VOCABULARY_FILE, source / store.VOCABULARY_FILE

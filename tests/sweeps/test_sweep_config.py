@@ -310,3 +310,23 @@ def test_head_size_shapes_cross_heads_and_width():
     for arg in ("shape=h16_dk16", "h=32", "shape="):
         with pytest.raises(ValueError, match="shape="):
             ablation_head_size.get_config(arg)
+
+
+def test_adopt_stored_copies_the_seeds_the_other_sweep_gained_later(tmp_path):
+    # Rows A gains seeds 2 and 3 of h = 8 after the KV sweep was started with 2 seeds: --adopt brings both in,
+    # leaves the seeds it already holds and the other sweep's unshared values alone, and a second call is a no-op.
+    results = tmp_path / "results"
+    store.write_spec(results / "heads", {"key": "h"})
+    (results / "heads" / "spm.model").write_bytes(b"vocabulary")
+    for seed in range(4):
+        write_finished(results / "heads", "h", 8, seed, 40.0 + seed)
+    write_finished(results / "heads", "h", 4, 2, 39.0)
+    config = tmp_path / "kv_like.py"
+    config.write_text(GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n')
+    module = sweep.load_module(config)
+    sweep.pending(results, str(config), module, seeds=2)
+    assert [p.name for p in sweep.adopt_stored(module, results)] == ["kv2_seed2", "kv2_seed3"]
+    stored = json.loads((store.point_path(results / "kv_like", "kv", 2, 3) / "result.json").read_text())
+    assert stored["shared_from"] == "heads/h8/seed3" and stored["test_bleu"] == 43.0
+    assert not store.point_path(results / "kv_like", "kv", 1, 2).exists()
+    assert sweep.adopt_stored(module, results) == []
