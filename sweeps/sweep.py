@@ -268,12 +268,13 @@ def adopt_shared(module: ModuleType, wanted: list[Point], results_dir: Path) -> 
 def adopt_stored(module: ModuleType, results_dir: Path) -> list[Point]:
     """`adopt_shared` for every seed the other sweeps have stored of this sweep's shared points, however many
     seeds this sweep was started with: how rows A's later seeds reach the sweeps that share its runs."""
+    store.read_spec(sweep_dir(results_dir, module))  # a sweep never started has no spec to collect: say so here
     wanted = []
     for value, (origin_name, origin_value) in shared_points(module).items():
         source = Path(results_dir) / origin_name
         if not (source / store.SPEC_FILE).exists():
             continue
-        origin = store.point_path(source, store.read_spec(source)["key"], origin_value, 0).parent
+        origin = source / store.point_label(store.read_spec(source)["key"], origin_value)
         seeds = sorted(int(d.name[4:]) for d in origin.glob("seed*") if d.name[4:].isdigit())
         wanted += [Point(module.SWEEP_KEY, value, seed) for seed in seeds]
     return adopt_shared(module, wanted, results_dir)

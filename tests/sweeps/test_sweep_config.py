@@ -324,6 +324,8 @@ def test_adopt_stored_copies_the_seeds_the_other_sweep_gained_later(tmp_path):
     config = tmp_path / "kv_like.py"
     config.write_text(GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n')
     module = sweep.load_module(config)
+    with pytest.raises(FileNotFoundError, match="start the sweep"):
+        sweep.adopt_stored(module, results)  # never started: no sweep.json for --collect to read
     sweep.pending(results, str(config), module, seeds=2)
     assert [p.name for p in sweep.adopt_stored(module, results)] == ["kv2_seed2", "kv2_seed3"]
     stored = json.loads((store.point_path(results / "kv_like", "kv", 2, 3) / "result.json").read_text())
