@@ -5,7 +5,7 @@ tables at once (results/table3.md: rows A, rows B, KV sharing, head size, budget
 comparisons, so `study_comparisons` adjusts them together: a verdict that holds here holds for the whole
 study. A study config names them: `STUDY_NAME` (the file), optionally `STUDY_TITLE`, and
 `STUDY = ((sweep name, from value, to value), ...)` (configs/table3_preset.py). A comparison whose sweep
-or seeds are not stored yet counts as p = 1 (`significance.holm`'s `planned`), so a verdict does not
+or seeds are not stored yet (fewer than two a side: no Welch test) counts as p = 1 (`significance.holm`'s `planned`), so a verdict does not
 weaken as the study fills up.
 
     python sweep.py --study configs/table3_preset.py    # RESULTS_DIR/STUDY_NAME.md
@@ -69,7 +69,7 @@ Written by `python sweep.py --study` from the sweeps' stored results alone. Each
 the sweep's own table (its value against the reference, or a named contrast), over seeds: the difference
 is the mean test BLEU of "to"'s seeds minus "from"'s, with Welch's 95 % interval, Hedges' g and Welch's
 two-sided p, as in each sweep's table. Holm's adjustment runs over all {n} comparisons here (those not run
-yet count as p = 1), for the difference and for the equivalence (TOST ±{significance.MARGIN:g} BLEU) tests alike;
+yet, or with fewer than two seeds a side, count as p = 1), for the difference and for the equivalence (TOST ±{significance.MARGIN:g} BLEU) tests alike;
 each sweep's own table adjusts over its own comparisons only, so a verdict there can be "lower" and
 "undetermined" here. A verdict that holds in this table holds for the study as a whole.
 """)
