@@ -5,8 +5,8 @@ tables at once (results/table3.md: rows A, rows B, KV sharing, head size, budget
 comparisons, so `study_comparisons` adjusts them together: a verdict that holds here holds for the whole
 study. A study config names them: `STUDY_NAME` (the file), optionally `STUDY_TITLE`, and
 `STUDY = ((sweep name, from value, to value), ...)` (configs/table3_preset.py). A comparison whose sweep
-or seeds are not stored yet (fewer than two a side: no Welch test) counts as p = 1 (`significance.holm`'s `planned`), so a verdict does not
-weaken as the study fills up.
+or seeds are not stored yet (fewer than two a side: no Welch test) counts as p = 1 (`significance.holm`'s
+`planned`), so a verdict does not weaken as the study fills up.
 
     python sweep.py --study configs/table3_preset.py    # RESULTS_DIR/STUDY_NAME.md
 """
