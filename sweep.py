@@ -44,6 +44,8 @@ flags.DEFINE_string("study", None, "a study config (configs/table3_preset.py): w
 flags.DEFINE_string("results_dir", "results", "finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png")
 flags.DEFINE_string("point", None, "internal / cluster use: run only this point (KEY=VALUE) ...")
 flags.DEFINE_integer("seed", 0, "... with this seed")
+flags.DEFINE_bool("restart", False, "with --point: start that point afresh, the run its workdir holds moved to "
+                  "WORKDIR/NAME/previous/TIME/ (a run that cannot resume, e.g. one stopped before its first checkpoint)")
 flags.DEFINE_string("compilation_cache_dir", None, "internal / cluster use: the sweep's one persistent compilation "
                     "cache, used by points whose config.compilation_cache_dir is 'auto'")
 
@@ -74,12 +76,14 @@ def main(argv):
         raise ValueError(f"--{given[0]} applies to --launcher slurm only, got --launcher local")
     if f.launcher == "slurm" and f.points_per_device is not None:
         raise ValueError("--points_per_device applies to --launcher local only (a SLURM job gets its own devices: --slurm_gpus)")
+    if f.restart and not f.point:  # one point, named: a whole sweep started over would discard every run in --workdir
+        raise ValueError("--restart applies to one point: give --point KEY=VALUE and --seed K")
     workdir = Path(f.workdir)
     module = sweep.load_module(f.config)
     if f.point:
         logs.configure(verbose=f.verbosity >= 1, main_process=True)  # the point's training log, quiet as train.py's
         cache_dir = Path(f.compilation_cache_dir) if f.compilation_cache_dir else None
-        sweep.run_point(f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir, cache_dir)
+        sweep.run_point(f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir, cache_dir, f.restart)
         return
     if f.print_commands:
         for point in sweep.pending(results_dir, f.config, module, f.seeds):

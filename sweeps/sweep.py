@@ -294,11 +294,14 @@ def _same_vocabulary(out: Path, source: Path) -> bool:
     return True
 
 
-def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, cache_dir: Path | None = None) -> dict | None:
+def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, cache_dir: Path | None = None,
+              restart: bool = False) -> dict | None:
     """Train (resuming) and evaluate one point, then store its files under RESULTS_DIR/NAME; a finished
     point returns its stored result, one that another live process is running, or whose training
     stopped before its last step, returns None (and stores nothing). `cache_dir`: the sweep's
-    compilation cache, which config.compilation_cache_dir 'auto' then names (the config stays 'auto')."""
+    compilation cache, which config.compilation_cache_dir 'auto' then names (the config stays 'auto').
+    `restart`: start the point afresh, the run its workdir holds moved to WORKDIR/NAME/previous/TIME/
+    (a run the training refuses to resume, e.g. one killed before its first checkpoint)."""
     if cache_dir is not None:
         jax.config.update("jax_compilation_cache_dir", str(cache_dir))  # what 'auto' resolves to first
     module = load_module(config_path)
@@ -318,6 +321,8 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, 
     commit = store.git_commit()  # the code this process loaded, not whatever is checked out when it ends
     try:
         vocabulary = shared_vocabulary(config, out)
+        if restart:  # here, not through the training's own restart, which would train the run its own vocabulary
+            loop.move_run_aside(run_dir, keep=(LOCK_FILE,))
         if not (run_dir / "spm.model").exists():
             files.write_atomic(run_dir / "spm.model", vocabulary.read_bytes())
         _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))

@@ -81,6 +81,48 @@ def test_slurm_flags_need_the_slurm_launcher(tmp_path):
     assert done.returncode == 1 and "--slurm_gpus applies to --launcher slurm only" in done.stderr
 
 
+def test_restart_needs_one_point(tmp_path):
+    done = subprocess.run([sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--restart"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "--restart applies to one point: give --point KEY=VALUE and --seed K" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_restarted_point_moves_its_run_aside_and_trains_on_the_shared_vocabulary(tmp_path, monkeypatch, restart):
+    # A point killed before its first checkpoint: the training refuses to resume it (tests/training/run/test_nothing_lost.py),
+    # so `sweep.py --point ... --restart` must start it over, on the sweep's one vocabulary, not a vocabulary of its own.
+    module = sweep.load_module(CONFIG)
+    point = sweep.parse_point("h=2", 0, module)
+    out = sweep.sweep_dir(tmp_path / "results", module)
+    out.mkdir(parents=True)
+    (out / store.VOCABULARY_FILE).write_bytes(b"the sweep's vocabulary")
+    run_dir = tmp_path / "runs" / point.name
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 4.0}) + "\n")  # of the tiny sweep's 4
+    (run_dir / "spm.model").write_bytes(b"the killed run's vocabulary")
+    seen = {}
+
+    def train(config, workdir, **kwargs):  # what the training would start from
+        seen.update(kwargs=kwargs, files=sorted(p.name for p in Path(workdir).iterdir()),
+                    vocabulary=(Path(workdir) / "spm.model").read_bytes())
+        with open(Path(workdir) / "metrics.jsonl", "a") as f:  # and then stopped again, at step 3
+            f.write(json.dumps({"step": 3, "loss": 3.0}) + "\n")
+    monkeypatch.setattr(sweep.loop, "train_and_evaluate", train)
+    assert sweep.run_point(str(CONFIG), tmp_path / "runs", point, tmp_path / "results", restart=restart) is None  # stopped early
+    assert seen["kwargs"] == {}  # never the training's own restart
+    assert not (run_dir / sweep.LOCK_FILE).exists()
+    if not restart:
+        assert seen["files"] == ["checkpoints", "metrics.jsonl", sweep.LOCK_FILE, "spm.model"]
+        assert seen["vocabulary"] == b"the killed run's vocabulary"
+        return
+    assert seen["files"] == ["previous", sweep.LOCK_FILE, "spm.model"]
+    assert seen["vocabulary"] == b"the sweep's vocabulary"
+    (aside,) = (run_dir / "previous").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "metrics.jsonl", "spm.model"]
+    assert (aside / "spm.model").read_bytes() == b"the killed run's vocabulary"
+
+
 def field_of(config, dotted):
     return functools.reduce(getattr, dotted.split("."), config)
 

@@ -154,7 +154,7 @@ def _write_workdir(config, workdir: Path, run: _Run, restart: bool) -> None:
     """Process 0 writes config.json, the run info and a new vocabulary (after moving a restarted run aside)."""
     if distributed.is_main():
         if restart:
-            _move_run_aside(workdir)
+            move_run_aside(workdir)
         files.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
         files.write_atomic(workdir / precision.RUN_INFO, json.dumps(run.run_info, indent=2))
         if not run.reuse_vocab:
@@ -301,9 +301,9 @@ def check_history(workdir: Path) -> None:
             "or use a new --workdir")
 
 
-def _move_run_aside(workdir: Path) -> None:
-    """Move everything in `workdir` but its lock and earlier runs to `workdir/previous/TIME/` (nothing is deleted)."""
-    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS)]
+def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
+    """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is deleted)."""
+    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS, *keep)]
     if not names:
         return
     target = workdir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -313,7 +313,7 @@ def _move_run_aside(workdir: Path) -> None:
     target.mkdir(parents=True)
     for path in names:
         os.replace(path, target / path.name)
-    logging.warning("--restart: the run that was in %s is moved to %s", workdir, target)
+    logging.warning("restart: the run that was in %s is moved to %s", workdir, target)
 
 
 def _log_batch_split(schedule, data_shards):
