@@ -48,7 +48,7 @@ import jax
 from absl import logging
 
 from training import config as config_lib
-from training.core import compile_cache, files, precision, step as step_lib
+from training.core import compile_cache, files, precision, provenance, step as step_lib
 from training.core.lock import claim
 from training.data import tokenizer
 from training.data.corpus import load_corpus
@@ -318,7 +318,8 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, 
     if owner is not None:
         logging.warning("%s is being run by process %s; leaving it to that one", run_dir, owner)
         return None
-    commit = store.git_commit()  # the code this process loaded, not whatever is checked out when it ends
+    # the code and the releases this process loaded, not whatever is checked out or installed when it ends
+    commit = {**store.git_commit(), **provenance.environment()}
     try:
         vocabulary = shared_vocabulary(config, out)
         if restart:  # here, not through the training's own restart, which would train the run its own vocabulary
