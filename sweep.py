@@ -26,7 +26,7 @@ from sweeps import launch, study, sweep, tables as sweep_tables
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
 flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
-flags.DEFINE_integer("seeds", 3, "seeds per point (0, 1, ...)")
+flags.DEFINE_integer("seeds", 3, "seeds per point (0, 1, ..., or from the config's SWEEP_FIRST_SEED)")
 flags.DEFINE_integer("jobs", 1, "--launcher local: points run at the same time")
 flags.DEFINE_integer("points_per_device", None, "--launcher local: point processes per accelerator, each seeing one "
                      "device and 1/K of its memory (on a CPU: K at a time); instead of --jobs")

@@ -22,6 +22,10 @@ A sweep may also name comparisons between its points besides each against the re
 `SWEEP_CONTRASTS = ((label, FROM_VALUE, TO_VALUE), ...)`: `--collect` gives them their own
 seed-level table (the head-size sweep's decomposition).
 
+Seeds are 0, 1, ... unless the config names its first, `SWEEP_FIRST_SEED = K` (seeds K, K + 1, ...):
+a replication draws seeds no earlier run used, since a seed fixes the data order and the
+initialisation (configs/head_size_blocked.py).
+
 `--points_per_device K` (local launcher) runs K points at a time on each accelerator, each process
 seeing one device and a 1/K share of its memory; on a CPU it runs K points at a time. Every point
 of a sweep compiles through one persistent compilation cache (`point_environment`).
@@ -133,6 +137,9 @@ def _check(config_path, module: ModuleType) -> None:
             isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str) and c[0] and c[1] in values and c[2] in values
             and c[1] != c[2] for c in contrasts)):
         raise bad("SWEEP_CONTRASTS", "a tuple of (label, a value of SWEEP_VALUES, another value of SWEEP_VALUES)")
+    first = getattr(module, "SWEEP_FIRST_SEED", 0)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise bad("SWEEP_FIRST_SEED", "an int >= 0, the sweep's first seed")
 
 
 def _is_count(value) -> bool:
@@ -155,8 +162,9 @@ def shared_points(module: ModuleType) -> dict[int | str, tuple[str, int | str]]:
 def points(module: ModuleType, seeds: int) -> list[Point]:
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ValueError(f"--seeds must be a positive int, got {seeds!r}")
+    first = getattr(module, "SWEEP_FIRST_SEED", 0)
     # Seed-major: a sweep cut short has every value once before it has any twice.
-    return [Point(module.SWEEP_KEY, value, seed) for seed in range(seeds) for value in module.SWEEP_VALUES]
+    return [Point(module.SWEEP_KEY, value, seed) for seed in range(first, first + seeds) for value in module.SWEEP_VALUES]
 
 
 def sweep_dir(results_dir: str | Path, module: ModuleType) -> Path:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from configs import (ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_heads_budget,
-                     ablation_kv)
+                     ablation_kv, head_size_blocked)
 from training import config as config_lib
 from sweeps import store, sweep
 
@@ -374,3 +374,22 @@ def test_adopt_stored_copies_the_seeds_the_other_sweep_gained_later(tmp_path):
     assert stored["shared_from"] == "heads/h8/seed3" and stored["test_bleu"] == 43.0
     assert not store.point_path(results / "kv_like", "kv", 1, 2).exists()
     assert sweep.adopt_stored(module, results) == []
+
+
+def test_the_blocked_replication_repeats_the_head_size_shapes_on_fresh_seeds():
+    module = sweep.load_module(ROOT / "configs/head_size_blocked.py")
+    for shape in ("h8_dk32", "h8_dk8", "h32_dk8", "h32_dk16"):  # the head-size sweep's 2 x 2, config for config
+        assert flat(head_size_blocked.get_config(f"shape={shape}")) == flat(ablation_head_size.get_config(f"shape={shape}")), shape
+    split = flat(head_size_blocked.get_config("shape=h8_dk32_dv8"))
+    reference = flat(head_size_blocked.get_config("shape=h8_dk32"))
+    assert {k: v for k, v in split.items() if reference[k] != v} == {"model.v_head_dim": 8}
+    assert [p.seed for p in sweep.points(module, 5)] == [s for s in range(10, 15) for _ in module.SWEEP_VALUES]
+    assert not getattr(module, "SWEEP_SHARED", None) and not getattr(module, "SWEEP_SHARED_REFERENCE", None)
+
+
+@pytest.mark.parametrize("first", ["-1", "True", "'10'"])
+def test_a_bad_first_seed_is_named(tmp_path, first):
+    path = tmp_path / "bad.py"
+    path.write_text(GOOD + f"SWEEP_FIRST_SEED = {first}\n")
+    with pytest.raises(ValueError, match="SWEEP_FIRST_SEED"):
+        sweep.load_module(path)
