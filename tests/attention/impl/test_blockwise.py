@@ -172,3 +172,19 @@ def test_bad_block_sizes_raise():
     q, k, v, _ = random_qkv()
     with pytest.raises(ValueError, match="block_q must be a positive int, got 0"):
         attention.dot_product_attention(q, k, v, impl="blockwise", block_q=0)
+
+
+def planned_temp_bytes(length: int, impl: str, causal: bool) -> int:
+    """XLA's planned temporaries (`memory_analysis()`, compile only) of a forward+backward at [1, length, 2, 32]."""
+    shape = jax.ShapeDtypeStruct((1, length, 2, 32), jnp.float32)
+    loss = lambda q, k, v: jnp.sum(attention.dot_product_attention(q, k, v, is_causal=causal, impl=impl))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_planned_memory_grows_at_most_linearly_with_length(causal):
+    """The O(N) promise, read off the compiled program: doubling N at most doubles the temporaries (10 %
+    slack for the fixed part); the dense einsum path, whose N x N logits quadruple, shows the check bites."""
+    grows = lambda impl: planned_temp_bytes(4096, impl, causal) / planned_temp_bytes(2048, impl, causal)
+    assert grows("blockwise") <= 2.2
+    assert grows("einsum") > 3.5
