@@ -298,11 +298,19 @@ def our_config(size: str, dtype: str, overrides: dict):
     return config
 
 
+def with_fields(model, overrides: dict | None):
+    """`model` (a `models.Transformer`) with these `TransformerConfig` fields replaced, e.g. a backend hook
+    (`dot_general`, `formulation`, `dropout_keep`) taken out to time the model without it."""
+    import dataclasses
+
+    return type(model)(dataclasses.replace(model.config, **overrides)) if overrides else model
+
+
 class Ours:
     """Our side of the training-step comparison: the training loop's trainer for one config, compiled
     for every bucket shape of an epoch of real batches; `epoch_rates` times the epoch's shapes."""
 
-    def __init__(self, config, vocab, src_ids, tgt_ids, reps: int):
+    def __init__(self, config, vocab, src_ids, tgt_ids, reps: int, model_overrides: dict | None = None):
         import jax
 
         from training import config as config_lib
@@ -310,7 +318,7 @@ class Ours:
         from training.parallel import trainers
         from training.core import step as step_lib
 
-        self.model = config_lib.build_model(config, vocab, config.model.dtype)
+        self.model = with_fields(config_lib.build_model(config, vocab, config.model.dtype), model_overrides)
         self.schedule = BatchSchedule(src_ids, tgt_ids, token_budget=config.data.token_budget,
                                       bucket_lengths=config.data.bucket_lengths, seed=config.seed,
                                       pack_length=config.data.pack_length)
@@ -392,12 +400,13 @@ class OursDecode:
     """Our side of the decode comparison: `models.beam_search` jitted for a source batch, compiled for
     every batch shape of the sources it is given.
 
-    `toy`: a toy model (a dry run); `options`: `beam_search`'s switches (`reorder_cache`,
+    `toy`: a toy model (a dry run); `model_overrides`: `TransformerConfig` fields replaced after the
+    config chose them (`with_fields`); `options`: `beam_search`'s switches (`reorder_cache`,
     `logits_barrier`), each decoder its own jitted program.
     """
 
     def __init__(self, dtype: str, vocab, src_ids, batch: int, steps: int, beam: int, pad_to: int = 0,
-                 toy: bool = False, **options):
+                 toy: bool = False, model_overrides: dict | None = None, **options):
         import jax
         import jax.numpy as jnp
 
@@ -408,7 +417,7 @@ class OursDecode:
 
         config = default.get_config()
         config.model.update(TOY if toy else SIZES["small"][0])
-        self.model = config_lib.build_model(config, vocab, dtype)
+        self.model = with_fields(config_lib.build_model(config, vocab, dtype), model_overrides)
         tokens = jnp.ones((1, 2), jnp.int32)
         self.params = jax.jit(self.model.init)(jax.random.key(0), tokens, tokens)["params"]
         self.decode = jax.jit(lambda params, src: beam_search(
