@@ -1,9 +1,10 @@
-"""Rows A's h = 8 against h = 32 at twice the preset's steps: does the ranking survive a longer budget?
+"""Rows A's h = 8 against h = 32 on twice the preset's schedule: does the ranking survive a longer budget?
 
-h = 32 converges more slowly than h = 8 (results/heads.md, "Dev curves"), so part of its loss at the
-preset's 4,000 steps (configs/table3_preset.py) may be budget rather than head count. Here both train
-8,000 steps with the same schedule shape (300 warm-up steps, cosine to zero at the last step, as
-configs/ablation_family_long.py does) and everything else of the preset:
+h = 32 took 1.28x h = 8's steps to a common dev loss (results/heads.md, "Dev curves": means over five
+seeds, untested), so part of its loss at the preset's 4,000 steps (configs/table3_preset.py) may be
+budget rather than head count. Here both train 8,000 steps with the same schedule shape (300 warm-up
+steps, cosine to zero at the last step, as configs/ablation_family_long.py does) and everything else
+of the preset:
 
     run          h    steps   same run as
     h8_4000      8    4,000   rows A's h = 8 (the reference)
