@@ -83,7 +83,8 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".png")]
     split = next(iter(configs.values()))["data"]["eval_split"]
     run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
-    paths[0].write_text(seed_markdown(results, spec) + contrasts_markdown(results, spec) + per_seed_markdown(results, spec)
+    paths[0].write_text(seed_markdown(results, spec) + contrasts_markdown(results, spec) + batches_markdown(results, spec)
+                        + sweep_sensitivity_markdown(results, spec) + per_seed_markdown(results, spec)
                         + "\n## Means over seeds\n\n" + markdown(rows, spec) + curves_markdown(run_curves, spec))
     write_csv(rows, paths[1])
     plot(rows, spec["key"], paths[2])
@@ -91,6 +92,15 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
         paths.append(stem.parent / f"{spec['name']}_curves.png")
         plot_curves(run_curves, spec["key"], paths[-1])
     return paths
+
+
+def bleu_by_seed(results: list[dict], metric: str = "test_bleu") -> dict[int | str, dict[int, float]]:
+    """Each value's {seed: `metric`}, in seed order."""
+    by_value: dict[int | str, dict[int, float]] = {}
+    for r in sorted(results, key=lambda r: r["seed"]):
+        if metric in r:
+            by_value.setdefault(r["value"], {})[r["seed"]] = r[metric]
+    return by_value
 
 
 def bleu_by_value(results: list[dict], metric: str = "test_bleu") -> dict[int | str, list[float]]:
@@ -130,7 +140,25 @@ def comparison_cells(c: significance.SeedComparison) -> list[str]:
 
 
 COMPARISON_TITLES = ["difference (BLEU)", "95 % CI", "Hedges' g", "p (Welch, two-sided)", "p, Holm",
-                     f"equivalence p (TOST ±{significance.MARGIN:g}), Holm", "detectable difference (80 % power)", "verdict"]
+                     f"equivalence p (TOST ±{significance.MARGIN:g}), Holm", "detectable difference (80 % power at Holm's α / m)",
+                     "verdict"]
+
+
+def detectable_text(family: int, what: str) -> str:
+    """How the detectable-difference column is computed, with its level for a Holm family of `family`."""
+    level = significance.ALPHA / family
+    return (f"Detectable difference: what a two-sided t test at {significance.ALPHA:g} / {family} = {level:.4f} (Holm's "
+            f"strictest step over {what}) finds with {significance.POWER * 100:g} % power at these seeds' spread (the noncentral t)")
+
+
+def reference_comparisons(results: list[dict], spec: dict) -> dict[int | str, significance.SeedComparison]:
+    """The primary family: every value with seeds against the reference (`significance.table_comparisons`,
+    Holm over the sweep's values but the reference); {} before the reference has a seed."""
+    bleu, reference = bleu_by_value(results), spec["reference"]
+    if reference not in bleu:
+        return {}
+    return significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference],
+                                          planned=len(spec["values"]) - 1)
 
 
 def seed_markdown(results: list[dict], spec: dict) -> str:
@@ -141,8 +169,7 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
     bleu = bleu_by_value(results)
     if reference not in bleu:
         return ""
-    compared = significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference],
-                                              planned=len(spec["values"]) - 1)
+    compared = reference_comparisons(results, spec)
     paper = key in ("h", "dk")
     base = next((r for r in results if r["value"] == reference), {})
     titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, "scored steps (seed 0 / 1 / ...)"]
@@ -161,7 +188,7 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
             ours, theirs = paper_numbers(key, runs[0]), paper_numbers(key, base)
             cells.append(f"{ours[1] - theirs[1]:+.1f}" if ours and theirs and value != reference else "–")
         lines.append("| " + " | ".join(cells) + " |")
-    holm_m = max(sum(not math.isnan(c.p) for c in compared.values()), len(spec["values"]) - 1)
+    holm_m = significance.family_size([c.p for c in compared.values()], len(spec["values"]) - 1)
     lines.append("\n" + verdict_line(key, compared))
     lines.append(f"""
 Each seed is one training run, scored with beam 4 on {spec.get("test_split") or "the test split"} at its best-dev-loss checkpoint
@@ -169,8 +196,7 @@ Each seed is one training run, scored with beam 4 on {spec.get("test_split") or 
 reference's, with Welch's 95 % confidence interval; Hedges' g: that difference in pooled seed sds (small-sample
 corrected); p: Welch's two-sided t test, seeds as the unit of replication; Holm: adjusted over this table's {holm_m}
 comparison{'' if holm_m == 1 else 's'}. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
-one seed's sd here), Holm-adjusted. Detectable difference: what a two-sided test at 0.05 finds with 80 % power at
-these seeds' spread. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.05, "equivalent within
+one seed's sd here), Holm-adjusted. {detectable_text(holm_m, "this table's comparisons")}. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.05, "equivalent within
 ±{significance.MARGIN:g}" when the Holm-adjusted equivalence p < 0.05, else undetermined (docs/sweeps.md,
 "Significance").
 """)
@@ -203,8 +229,9 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
             lines.append(f"| {label} | {a} → {b} | – | {missing} not run yet |" + " |" * (len(COMPARISON_TITLES) - 1))
             continue
         lines.append(f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | " + " | ".join(comparison_cells(tests[label])) + " |")
+    family = significance.family_size([c.p for c in tests.values()], len(contrasts))
     lines.append("\nDifference: mean test BLEU of the right-hand value's seeds minus the left-hand one's; the columns as "
-                 "in the table above, Holm over these comparisons.\n")
+                 f"in the table above, Holm over these {family} comparisons. {detectable_text(family, 'these comparisons')}.\n")
     return "\n".join(lines) + "\n"
 
 
@@ -213,16 +240,164 @@ PER_SEED = [("scored step", "step", "{:,d}"), ("dev loss", "dev_loss", "{:.3f}")
 
 
 def per_seed_markdown(results: list[dict], spec: dict) -> str:
-    """Every run's own numbers: seed, scored step (of the steps trained), dev and test scores."""
+    """Every run's own numbers: seed, scored step (of the steps trained), dev and test scores, and its batch."""
     key = spec["key"]
     columns = [c for c in PER_SEED if any(c[1] in r for r in results)]
-    lines = ["## Per seed\n", f"| {key} | seed | " + " | ".join(t for t, _, _ in columns) + " | trained steps |",
-             "|---|---:|" + "---:|" * (len(columns) + 1)]
+    letters = batch_letters(results)
+    lines = ["## Per seed\n", f"| {key} | seed | " + " | ".join(t for t, _, _ in columns) + " | trained steps | batch |",
+             "|---|---:|" + "---:|" * (len(columns) + 1) + "---|"]
     for r in results:
         cells = [fmt.format(r[field]) if field in r else "–" for _, field, fmt in columns]
         trained = f"{r['num_train_steps']:,}" if "num_train_steps" in r else "–"
-        lines.append(f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} |")
-    lines.append("\nScored step: the checkpoint with the lowest dev loss, which every score of the run is computed at.\n")
+        lines.append(f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} | {letters[batch_label(r)]} |")
+    lines.append("\nScored step: the checkpoint with the lowest dev loss, which every score of the run is computed at. "
+                 "Batch: the run's commit × CPU kind (Batches, above).\n")
+    return "\n".join(lines) + "\n"
+
+
+def batch_label(result: dict) -> str:
+    """The batch a run belongs to, "commit × CPU kind" ("e6da489 × AMD EPYC (no native bf16)"), from its
+    result.json's `commit` (7 digits, "(dirty)" where tracked files differed) and `machine` (`machine_label`);
+    "unrecorded" for either it lacks. A copied run (`shared_from`) keeps the batch it ran in."""
+    commit = result.get("commit")
+    code = commit[:7] + (" (dirty)" if result.get("dirty") else "") if commit else "unrecorded"
+    return f"{code} × {machine_label(result.get('machine'))}"
+
+
+def batch_letters(results: list[dict]) -> dict[str, str]:
+    """{batch label: its letter}: A, B, ... in the order the batches first appear in `results`."""
+    labels = dict.fromkeys(batch_label(r) for r in results)
+    return {label: _letter(i) for i, label in enumerate(labels)}
+
+
+def _letter(i: int) -> str:
+    """0 -> A, 25 -> Z, 26 -> AA, ..."""
+    return ("" if i < 26 else _letter(i // 26 - 1)) + chr(ord("A") + i % 26)
+
+
+def batches_markdown(results: list[dict], spec: dict) -> str:
+    """Which batch (commit × CPU kind) ran which of the sweep's seeds (`batches_legend`)."""
+    groups = {value: [r for r in results if r["value"] == value] for value in spec["values"]}
+    return batches_legend(groups, spec["key"], batch_letters(results))
+
+
+def batches_legend(groups: dict[object, list[dict]], key: str, letters: dict[str, str]) -> str:
+    """Which batch (commit × CPU kind) ran which seeds of each point (`groups`: point -> its runs): the legend of
+    `letters` (`batch_letters`), as the per-seed and the sensitivity tables use them."""
+    runs: dict[str, dict] = {}
+    for point, point_runs in groups.items():
+        for r in sorted(point_runs, key=lambda r: r["seed"]):
+            runs.setdefault(batch_label(r), {}).setdefault(point, []).append(r["seed"])
+    lines = ["## Batches\n", f"| batch | commit × CPU kind | runs ({key}: seeds) |", "|---|---|---|"]
+    for label, letter in letters.items():
+        if label not in runs:
+            continue
+        named = "; ".join(f"{point}: {', '.join(map(str, seeds))}" for point, seeds in runs[label].items())
+        lines.append(f"| {letter} | {label} | {named} |")
+    lines.append("\nA batch is the commit a run trained on × the CPU kind that ran it (result.json's `commit` and `machine`; "
+                 "\"unrecorded\" where it has none). The preset's training differs in its last bits across CPU kinds "
+                 "(results/README.md), so a comparison whose sides ran in different batches also compares batches.\n")
+    return "\n".join(lines) + "\n"
+
+
+SENSITIVITY_TITLES = ["batches by seed (from → to)", "crosses batches", "paired seeds", "difference, paired (BLEU)", "95 % CI",
+                      "p (paired t, two-sided)", "p, Holm", "95 % CI, pooled variance", "p (pooled t, two-sided)", "p, Holm",
+                      "primary: p, Holm (Welch)"]
+
+
+def sensitivity_table(comparisons: dict[str, tuple], groups: dict[object, list[dict]], family: int,
+                      primary: dict[str, significance.SeedComparison], letters: dict[str, str]) -> list[str]:
+    """The markdown lines of one family's sensitivity table. `comparisons`: label -> (from, to), two keys of
+    `groups` (each a point's runs); a comparison a side of which has no scored seed is left out (the primary
+    table says "not run yet"). Each row: its seeds' batches, whether it crosses batches, seeds as blocks
+    (`significance.paired_seeds`) and one variance pooled over every group (`significance.pooled_contrasts`),
+    both Holm-adjusted over `family`, and `primary`'s Holm p beside them."""
+    seeds = {k: {r["seed"]: r["test_bleu"] for r in runs if "test_bleu" in r} for k, runs in groups.items()}
+    seeds = {k: by_seed for k, by_seed in seeds.items() if by_seed}
+    ready = {label: pair for label, pair in comparisons.items() if all(side in seeds for side in pair)}
+    paired = significance.adjust({label: significance.paired_seeds(seeds[to], seeds[start]) for label, (start, to) in ready.items()},
+                                 family)
+    pooled = significance.adjust(significance.pooled_contrasts({k: list(s.values()) for k, s in seeds.items()}, ready), family)
+    lines = ["| comparison | " + " | ".join(SENSITIVITY_TITLES) + " |", "|---|---|---|---:|" + "---:|" * (len(SENSITIVITY_TITLES) - 3)]
+    for label, (start, to) in ready.items():
+        a, b = paired[label], pooled[label]
+        batch_of = [{r["seed"]: batch_label(r) for r in groups[side]} for side in (start, to)]
+        within = sum(batch_of[0][seed] == batch_of[1][seed] for seed in a.seeds)
+        cells = [" → ".join(" ".join(seed_batches(groups[side], letters)) for side in (start, to)),
+                 "yes" if crosses_batches(groups[start] + groups[to]) else "no",
+                 f"{_seed_list(a.seeds)} ({within} in one batch)", _signed(a.difference),
+                 _ci(a), _p(a.p), _p(a.p_holm), _ci(b), _p(b.p), _p(b.p_holm), _p(primary[label].p_holm) if label in primary else "–"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def seed_batches(runs: list[dict], letters: dict[str, str]) -> list[str]:
+    """The batch letter of each run, in seed order."""
+    return [letters[batch_label(r)] for r in sorted(runs, key=lambda r: r["seed"])]
+
+
+def crosses_batches(runs: list[dict]) -> bool:
+    """Whether `runs` (both sides of a comparison) ran in more than one batch."""
+    return len({batch_label(r) for r in runs}) > 1
+
+
+def _ci(c) -> str:
+    return "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+
+
+def _seed_list(seeds: tuple[int, ...]) -> str:
+    """(0, 1, 2, 3, 4) -> "0–4"; (0, 2) -> "0, 2"; () -> "none"."""
+    if not seeds:
+        return "none"
+    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}–{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def sensitivity_text(family: str, runs: int, points: int) -> str:
+    """What the sensitivity tables compute; `family`: which comparisons each Holm adjustment runs over."""
+    return (f"Sensitivity analyses re-test the primary comparisons under two other models of the seeds, so that a reader "
+            f"sees how much the reading leans on Welch's; they give no verdicts (the primary table does). Seeds as blocks: "
+            f"a seed fixes the data order of every point that runs it, so seed k of two points covary; the paired t test "
+            f"takes the difference within each seed both sides have (paired seeds; how many of those pairs ran in one "
+            f"batch), two-sided, Holm over {family}. "
+            f"Pooled variance: one residual variance pooled over all {runs} runs of the {points} points (one-way ANOVA's "
+            f"within-point mean square, {runs - points} df), each difference tested against it (se s √(1/n₁ + 1/n₂)), "
+            f"two-sided, Holm over {family}: it assumes every point as noisy as every other, which Welch does not. "
+            f"Batches by seed: the batch letter of each seed, in seed order (Batches, above); a comparison crosses batches "
+            f"when its seeds ran in more than one.")
+
+
+def batch_summary(comparisons: dict[str, tuple], groups: dict[object, list[dict]]) -> str:
+    """One line: which comparisons (those with seeds on both sides) ran within one batch, which crossed."""
+    ready = {label: pair for label, pair in comparisons.items() if all(groups.get(side) for side in pair)}
+    split = {flag: [label for label, (a, b) in ready.items() if crosses_batches(groups[a] + groups[b]) == flag] for flag in (False, True)}
+    return f"**Batches.** Within one batch: {'; '.join(split[False]) or 'none'}. Crossing batches: {'; '.join(split[True]) or 'none'}."
+
+
+def sweep_sensitivity_markdown(results: list[dict], spec: dict) -> str:
+    """The sensitivity analyses (`sensitivity_table`) of the sweep's primary family and of its contrasts, with
+    one variance pooled over all of the sweep's points; "" before the reference has a seed."""
+    primary = reference_comparisons(results, spec)
+    if not primary:
+        return ""
+    key, reference = spec["key"], spec["reference"]
+    groups = {v: [r for r in results if r["value"] == v] for v in spec["values"]}
+    groups = {v: runs for v, runs in groups.items() if runs}
+    letters = batch_letters(results)
+    label = {v: f"{key} = {reference} → {v}" for v in spec["values"] if v != reference}
+    comparisons = {label[v]: (reference, v) for v in label}
+    family = significance.family_size([c.p for c in primary.values()], len(label))
+    lines = ["## Sensitivity (no verdicts): seeds as blocks, one pooled variance\n", f"Against {key} = {reference}:\n",
+             *sensitivity_table(comparisons, groups, family, {label[v]: c for v, c in primary.items()}, letters)]
+    contrasts = {name: (a, b) for name, a, b in spec.get("contrasts") or []}
+    if contrasts:
+        bleu = bleu_by_value(results)
+        tests = significance.adjust({name: significance.compare_seeds(bleu[b], bleu[a]) for name, (a, b) in contrasts.items()
+                                     if a in bleu and b in bleu}, len(contrasts))
+        lines += ["", "The decomposition:\n", *sensitivity_table(contrasts, groups, len(contrasts), tests, letters)]
+    lines.append("\n" + sensitivity_text("the same family as the primary table's", sum(map(len, groups.values())), len(groups)))
+    lines.append("\n" + batch_summary(comparisons | contrasts, groups) + "\n")
     return "\n".join(lines) + "\n"
 
 
@@ -328,8 +503,7 @@ def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict
     mean = statistics.fmean
     spread = lambda xs, fmt: f" ± {statistics.stdev(xs):{fmt}}" if len(xs) > 1 else ""  # in its mean's format
     reference_steps = mean(per_value[reference]["steps"]) if reference in per_value else None
-    first = run_curves[0][1]
-    lines = [f"\n## Dev curves (evaluated every {first[1][0] - first[0][0]} steps)\n",
+    lines = [f"\n## Dev curves ({evaluation_cadence([curve for _, curve in run_curves])})\n",
              f"| {key} | final dev loss | dev PPL gain over the last 20 % of steps | steps to dev loss {target:.3f} | "
              f"÷ {key}={reference}'s | runs |", "|---|---:|---:|---:|---:|---:|"]
     for value, entry in per_value.items():
@@ -341,6 +515,20 @@ def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict
     lines.append(f"\nDev loss is the NLL per target token. Steps to {target:.3f} (the highest final dev loss of any run, "
                  "so every run reaches it) are interpolated linearly between evaluations; mean ± sd over seeds.\n")
     return "\n".join(lines) + "\n"
+
+
+def evaluation_cadence(run_curves: list[curves.Curve]) -> str:
+    """How often the runs evaluated dev loss: "evaluated every 400 steps", or, where runs differ, each cadence
+    with the length of the runs that used it ("evaluated every 400 steps (runs of 4,000 steps), every 800
+    (runs of 8,000)"). A run's cadence is its first two evaluations' distance, its length its last one's step."""
+    lengths: dict[int, set[int]] = {}
+    for curve in run_curves:
+        lengths.setdefault(curve[1][0] - curve[0][0], set()).add(curve[-1][0])
+    if len(lengths) == 1:
+        return f"evaluated every {next(iter(lengths)):,} steps"
+    parts = [f"{every:,}" + (" steps" if i == 0 else "") + f" (runs of {' and '.join(f'{n:,}' for n in sorted(ends))}"
+             + (" steps)" if i == 0 else ")") for i, (every, ends) in enumerate(sorted(lengths.items()))]
+    return "evaluated every " + ", every ".join(parts)
 
 
 def plot_curves(run_curves: list[tuple[int | str, curves.Curve]], key: str, path: Path) -> None:

@@ -49,3 +49,12 @@ def test_curves_section_compares_steps_to_the_worst_final_loss():
     assert f"| {h8_steps:,.0f} ± 0 | 1.00 | 2 |" in h8_row  # the sd in its mean's format
     assert f"{100 * (7.0 - 6.0) / 7.0:.2f} %" in h1_row
     assert math.isclose(h8_steps, 240.0)
+
+
+def test_the_curves_section_names_each_evaluation_cadence_with_its_runs():
+    short = [(400, 2.0, 7.4), (800, 1.8, 6.0), (4000, 1.7, 5.5)]
+    long = [(800, 2.0, 7.4), (1600, 1.8, 6.0), (8000, 1.7, 5.5)]
+    assert tables.evaluation_cadence([short, short]) == "evaluated every 400 steps"
+    assert tables.evaluation_cadence([short, long]) == "evaluated every 400 steps (runs of 4,000 steps), every 800 (runs of 8,000)"
+    text = tables.curves_markdown([("h8_4000", short), ("h8_8000", long)], {"key": "run", "reference": "h8_4000"})
+    assert "## Dev curves (evaluated every 400 steps (runs of 4,000 steps), every 800 (runs of 8,000))" in text

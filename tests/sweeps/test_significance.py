@@ -139,15 +139,138 @@ def test_tost_against_scipy_one_sided_tests_on_shifted_samples():
         significance.tost_p(0.0, 1.0, 4.0, margin=0.0)
 
 
-def test_minimum_detectable_difference_has_the_stated_power():
-    assert significance.minimum_detectable_difference(math.sqrt(2 / 3), 4.0) == pytest.approx(
-        (2.7764451051977934 + 0.9409645772351816) * math.sqrt(2 / 3), rel=1e-9)  # t_{0.975, 4} + t_{0.8, 4}
-    for n in (3, 5, 10):  # two-sided power of a t test shifted by the MDD, from the noncentral t: ~0.8
-        se, df = math.sqrt(2 * 0.25 / n), 2 * n - 2
-        shift = significance.minimum_detectable_difference(se, df) / se
-        critical = stats.t.ppf(0.975, df)
-        power = stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift)
-        assert power == pytest.approx(0.8, abs=0.01)
+def two_sided_power(delta, df, alpha):
+    """Power of a two-sided level-alpha t test whose statistic has noncentrality delta (both tails, SciPy's nct)."""
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return stats.nct.sf(critical, df, delta) + stats.nct.cdf(-critical, df, delta)
+
+
+# statsmodels 0.15.0, TTestIndPower().solve_power(effect_size=None, nobs1=n, ratio=n2 / n, alpha=0.05 / m, power=0.8):
+# the effect size, in pooled sds, a two-sample t test detects with 80 % power ((n, n2, m): d). At (3, 3, 16) its
+# solver stops short (5.50, whose power by its own TTestIndPower().power is 0.64); there its power() at this
+# module's 6.5083026 is 0.8000000 (STATSMODELS_POWER)
+STATSMODELS_EFFECT_SIZES = {(3, 3, 1): 3.070892269599019, (3, 3, 3): 4.183960545558761,
+                            (5, 5, 1): 2.024440145655355, (5, 5, 3): 2.5093697528659935, (5, 5, 16): 3.3144050993659526,
+                            (10, 10, 1): 1.324947368330822, (10, 10, 3): 1.5744417669374757, (10, 10, 16): 1.9354156421598645,
+                            (5, 3, 1): 2.458832394325171, (5, 3, 5): 3.4816224626957935}
+# statsmodels 0.15.0, TTestIndPower().power(effect_size=6.508302600127136, nobs1=3, ratio=1, alpha=0.05 / 16)
+STATSMODELS_POWER = ((3, 16, 6.508302600127136), 0.7999999999999993)
+
+
+def test_minimum_detectable_difference_against_statsmodels_and_the_noncentral_t():
+    # with unit sd on both sides the pooled t's se is sqrt(1/n1 + 1/n2) and df n1 + n2 - 2: the detectable
+    # difference is statsmodels' effect size (its solver stops at about 1e-8)
+    for (n1, n2, m), effect in STATSMODELS_EFFECT_SIZES.items():
+        se, df = math.sqrt(1 / n1 + 1 / n2), n1 + n2 - 2
+        assert significance.minimum_detectable_difference(se, df, alpha=0.05 / m) == pytest.approx(effect, rel=1e-6)
+    (n, m, effect), power = STATSMODELS_POWER
+    assert significance.minimum_detectable_difference(math.sqrt(2 / n), 2 * n - 2, alpha=0.05 / m) == pytest.approx(effect, rel=1e-7)
+    assert power == pytest.approx(0.8, abs=1e-12)
+    for se, df, alpha in ((math.sqrt(2 / 3), 4.0, 0.05), (0.3, 2.5, 0.05 / 16), (0.2, 7.3, 0.01), (1.0, 40.0, 0.05 / 3)):
+        mdd = significance.minimum_detectable_difference(se, df, alpha)
+        assert two_sided_power(mdd / se, df, alpha) == pytest.approx(0.8, abs=1e-9)
+    # the normal-shift rule (t_{1 - alpha/2} + t_power) se falls short where the level is small and df few
+    assert two_sided_power(stats.t.ppf(1 - 0.05 / 32, 4) + stats.t.ppf(0.8, 4), 4, 0.05 / 16) < 0.73
+    assert math.isnan(significance.minimum_detectable_difference(0.0, 4.0))
+    with pytest.raises(ValueError, match="alpha must be in"):
+        significance.minimum_detectable_difference(1.0, 4.0, alpha=0.0)
+
+
+def test_the_detectable_difference_is_at_the_familys_strictest_holm_level():
+    rng = np.random.default_rng(3)
+    reference = list(rng.normal(39.5, 0.5, 5))
+    points = {v: list(rng.normal(39.0, 0.4, n)) for v, n in ((1, 3), (2, 5), (4, 3))}
+    for planned, m in ((0, 3), (5, 5)):  # m: the family's size, its planned comparisons where more than are run
+        compared = significance.table_comparisons(points, reference, planned=planned)
+        for value, c in compared.items():
+            assert c.mdd_alpha == pytest.approx(0.05 / m)
+            welch = stats.ttest_ind(points[value], reference, equal_var=False)
+            assert c.df == pytest.approx(welch.df, rel=1e-10)
+            assert two_sided_power(c.mdd / c.se, welch.df, 0.05 / m) == pytest.approx(0.8, abs=1e-9)
+            alone = significance.compare_seeds(points[value], reference)  # one comparison alone: at 0.05
+            assert alone.mdd_alpha == 0.05 and alone.mdd < c.mdd
+            assert (c.p, c.difference) == (alone.p, alone.difference)  # the primary test itself does not move
+
+
+def test_samples_accept_numpy_numbers_and_refuse_booleans_naming_the_argument():
+    point32 = np.array([38.95, 38.93, 38.94], dtype=np.float32)
+    reference = [38.35, 38.36, 38.08, 37.60, 37.63]
+    compared = significance.compare_seeds(list(point32), reference)  # numpy.float32 scalars
+    expected = stats.ttest_ind(point32.astype(np.float64), reference, equal_var=False)
+    assert compared.p == pytest.approx(expected.pvalue, rel=1e-10) and all(type(x) is float for x in compared.point)
+    assert significance.welch(point32, np.array(reference))[5] == pytest.approx(expected.pvalue, rel=1e-10)
+    assert significance.hedges_g([np.int64(1), np.int32(2), 3], [4.0, 5.0, 6.0]) == pytest.approx(-2.4)  # hand-worked above
+    for bad, name in (([True, 39.0], "point"), ([np.bool_(False), 39.0], "point")):
+        with pytest.raises(ValueError, match=f"{name}\\[0\\] is the boolean"):
+            significance.compare_seeds(bad, reference)
+    with pytest.raises(ValueError, match="reference\\[1\\] is the boolean"):
+        significance.welch([39.0, 38.0], [39.0, True])
+    with pytest.raises(ValueError, match="point must be one or more finite per-seed BLEU scores"):
+        significance.compare_seeds([39.0, math.nan], reference)
+    with pytest.raises(ValueError, match="reference must be one or more finite"):
+        significance.hedges_g([39.0], "39")
+
+
+def test_paired_seeds_against_scipy_ttest_rel_over_the_shared_seeds():
+    rng = np.random.default_rng(4)
+    shared = rng.normal(0.0, 0.5, 8)  # a seed's data order moves both points alike
+    point = {s: 38.5 + shared[s] + rng.normal(0, 0.2) for s in range(5)}
+    reference = {s: 39.5 + shared[s] + rng.normal(0, 0.2) for s in (0, 1, 2, 4, 7)}  # seeds 3 and 7 unpaired
+    c = significance.paired_seeds(point, reference)
+    seeds = [0, 1, 2, 4]
+    expected = stats.ttest_rel([point[s] for s in seeds], [reference[s] for s in seeds])
+    assert c.seeds == (0, 1, 2, 4) and c.df == 3
+    assert c.p == pytest.approx(expected.pvalue, rel=1e-10) and c.difference / c.se == pytest.approx(expected.statistic, rel=1e-10)
+    ci = expected.confidence_interval(0.95)
+    assert (c.ci_low, c.ci_high) == (pytest.approx(ci.low, rel=1e-10), pytest.approx(ci.high, rel=1e-10))
+    # the blocks take out the shared seed variance: Welch on the same seeds finds the difference less sure
+    assert c.p < stats.ttest_ind([point[s] for s in seeds], [reference[s] for s in seeds], equal_var=False).pvalue
+    one = significance.paired_seeds({0: 39.0, 1: 38.0}, {1: 39.0, 2: 38.0})  # one shared seed: no variance
+    assert one.seeds == (1,) and one.difference == -1.0 and math.isnan(one.p)
+    with pytest.raises(ValueError, match="must map seed -> per-seed BLEU"):
+        significance.paired_seeds([39.0, 38.0], {0: 39.0})
+
+
+def test_pooled_contrasts_against_a_pooled_t_by_hand_and_scipy():
+    groups = {"a": [39.8, 40.2, 39.5, 40.1, 39.4], "b": [38.1, 38.6, 38.2], "c": [39.6, 40.4, 39.9], "d": [41.0]}
+    contrasts = {"b - a": ("a", "b"), "c - b": ("b", "c"), "d - a": ("a", "d")}
+    got = significance.pooled_contrasts(groups, contrasts)
+    values = {k: np.array(v) for k, v in groups.items()}
+    df = sum(map(len, values.values())) - len(values)  # 12 runs in 4 groups: 8 df ("d", one seed, adds none)
+    s2 = sum(((v - v.mean()) ** 2).sum() for v in values.values()) / df
+    # one-way ANOVA agrees: SciPy's F is the between-group mean square over this within-group one
+    between = sum(len(v) * (v.mean() - np.concatenate(list(values.values())).mean()) ** 2 for v in values.values()) / (len(values) - 1)
+    assert between / s2 == pytest.approx(stats.f_oneway(*values.values()).statistic, rel=1e-10)
+    for label, (start, to) in contrasts.items():
+        difference = values[to].mean() - values[start].mean()
+        se = math.sqrt(s2 * (1 / len(values[start]) + 1 / len(values[to])))
+        t = difference / se
+        assert got[label].df == df and got[label].difference == pytest.approx(difference, rel=1e-12)
+        assert got[label].p == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-10)
+        half = stats.t.ppf(0.975, df) * se
+        assert (got[label].ci_low, got[label].ci_high) == (pytest.approx(difference - half), pytest.approx(difference + half))
+    # two groups alone: the pooled model is Student's t
+    two = significance.pooled_contrasts({k: groups[k] for k in "ab"}, {"x": ("a", "b")})["x"]
+    assert two.p == pytest.approx(stats.ttest_ind(groups["b"], groups["a"], equal_var=True).pvalue, rel=1e-10)
+    with pytest.raises(ValueError, match="contrasts\\['y'\\] must be \\(from, to\\)"):
+        significance.pooled_contrasts(groups, {"y": ("a", "z")})
+    with pytest.raises(ValueError, match="groups\\['b'\\]\\[0\\] is the boolean"):
+        significance.pooled_contrasts({"a": [1.0, 2.0], "b": [True, 2.0]}, {})
+
+
+def test_sensitivity_tests_take_holm_over_the_same_family():
+    rng = np.random.default_rng(5)
+    reference = {s: x for s, x in enumerate(rng.normal(39.5, 0.5, 5))}
+    points = {v: {s: x for s, x in enumerate(rng.normal(39.0, 0.5, 3))} for v in (1, 2, 4)}
+    paired = significance.adjust({v: significance.paired_seeds(p, reference) for v, p in points.items()}, planned=5)
+    raw = [paired[v].p for v in points]
+    assert [paired[v].p_holm for v in points] == pytest.approx(significance.holm(raw, planned=5))
+    # Holm by hand over m = 5: the smallest raw p times 5
+    assert min(paired[v].p_holm for v in points) == pytest.approx(min(1.0, 5 * min(raw)))
+    groups = {0: list(reference.values()), **{v: list(p.values()) for v, p in points.items()}}
+    pooled = significance.adjust(significance.pooled_contrasts(groups, {v: (0, v) for v in points}), planned=5)
+    assert [pooled[v].p_holm for v in points] == pytest.approx(significance.holm([pooled[v].p for v in points], planned=5))
+    assert not hasattr(paired[1], "verdict")  # a sensitivity analysis gives no verdict
 
 
 def test_table_comparisons_adjust_over_the_table_and_give_the_verdicts():

@@ -1,13 +1,15 @@
 """Several sweeps as one study: one Holm family over their comparisons (sweeps/study.py), against SciPy's
-Welch test and Holm's adjustment worked by hand; the Table 3 study config names only stored sweeps' values."""
+Welch test and Holm's adjustment worked by hand; the Table 3 study config names only stored sweeps' values; its
+sensitivity analyses against SciPy's paired t and a pooled t by hand, a run shared between sweeps counted once."""
 
 import json
 
+import numpy as np
 import pytest
 from scipy import stats
 
 from configs import table3_preset
-from sweeps import store, study, sweep
+from sweeps import significance, store, study, sweep, tables
 from tests.sweeps.test_tables import cells_of
 
 
@@ -84,3 +86,39 @@ def test_table3s_study_names_values_its_sweeps_have_and_no_comparison_twice():
         pair = tuple(shared.get(v, (name, v)) for v in (start, to))
         assert pair not in runs, (name, start, to)
         runs.add(pair)
+
+
+def test_the_studys_sensitivity_counts_a_shared_run_once_and_names_every_seeds_batch(tmp_path):
+    machine = "cpu|cpu|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
+    bleu = {("heads", 8): [40.0, 41.0, 41.5], ("heads", 32): [38.5, 39.8, 40.0], ("shape", "h8_dk8"): [38.0, 38.4, 39.9]}
+    for name, key, values in (("heads", "h", [8, 32]), ("shape", "shape", ["h8_dk32", "h8_dk8"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / store.SPEC_FILE).write_text(json.dumps({"name": name, "key": key, "values": values, "reference": values[0]}))
+        for value in values:
+            for seed in range(3):
+                result = {"value": value, "seed": seed, "commit": ("a" if seed < 2 else "b") * 40, "dirty": False, "machine": machine,
+                          "test_bleu": bleu.get((name, value), bleu[("heads", 8)])[seed]}
+                if value == "h8_dk32":  # rows A's h = 8 run, copied
+                    result["shared_from"] = f"heads/h8/seed{seed}"
+                path = store.point_path(tmp_path / name, key, value, seed)
+                path.mkdir(parents=True)
+                (path / store.RESULT_FILE).write_text(json.dumps(result))
+    plan = (("heads", 8, 32), ("shape", "h8_dk32", "h8_dk8"))
+    table = study.study_markdown(tmp_path, plan, "T")
+    # the pooled variance: 9 distinct runs of 3 points (shape's h8_dk32 is heads/h8), 6 df
+    groups = [np.array(v) for v in bleu.values()]
+    s2 = sum(((g - g.mean()) ** 2).sum() for g in groups) / 6
+    assert "all 9 runs of the 3 points" in table and "6 df" in table
+    rows = cells_of(table.split("## Sensitivity")[1])
+    for label, (start, to) in {"heads: 8 → 32": (("heads", 8), ("heads", 32)),
+                               "shape: h8_dk32 → h8_dk8": (("heads", 8), ("shape", "h8_dk8"))}.items():
+        a, b = np.array(bleu[start]), np.array(bleu[to])
+        pooled = 2 * stats.t.sf(abs(b.mean() - a.mean()) / np.sqrt(s2 * 2 / 3), 6)
+        assert rows[label][8] == tables._p(pooled)
+        assert rows[label][5] == tables._p(stats.ttest_rel(b, a).pvalue)
+        assert rows[label][:3] == ["A A B → A A B", "yes", "0–2 (3 in one batch)"]
+    paired = [stats.ttest_rel(np.array(bleu[t]), np.array(bleu[("heads", 8)])).pvalue for t in (("heads", 32), ("shape", "h8_dk8"))]
+    assert [rows[label][6] for label in ("heads: 8 → 32", "shape: h8_dk32 → h8_dk8")] == [tables._p(p) for p in significance.holm(paired)]  # Holm over the study's 2
+    legend = cells_of(table.split("## Batches")[1].split("## Sensitivity")[0])
+    assert legend["A"] == ["aaaaaaa × AMD EPYC (no native bf16)", "heads/h8: 0, 1; heads/h32: 0, 1; shape/shape_h8_dk8: 0, 1"]
+    assert "at 0.05 / 2 = 0.0250 (Holm's strictest step over the study's 2)" in table

@@ -1,8 +1,14 @@
 """The sweep tables: the paper's Table 3 numbers beside each row (Vaswani et al. 2017, rows A and B, newstest2013),
 the machines, the seed-level table and the contrasts, per-seed CSV columns, and sweeps over names (attention types)
-as well as counts."""
+as well as counts; the batches of every seed and the sensitivity analyses, against SciPy's paired t and a pooled t
+worked by hand."""
 
-from sweeps import tables
+import math
+
+import numpy as np
+from scipy import stats
+
+from sweeps import significance, tables
 
 
 def test_paper_numbers_match_rows_by_head_count_and_by_dk_over_dv():
@@ -103,3 +109,88 @@ def test_a_sweep_over_names_gets_its_table_and_plot(tmp_path):
     assert seeds["mla"][:3] == ["2", "32.50", "+2.00"] and seeds["mla"][-1] == ""  # no steps recorded in these runs
     tables.plot(rows, "attention", tmp_path / "family.png")
     assert (tmp_path / "family.png").stat().st_size > 0
+
+
+EPYC3 = "cpu|cpu|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1|matmul auto"
+EPYC4 = "cpu|cpu|AMD EPYC, native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
+
+
+def test_a_batch_is_commit_by_cpu_kind_and_says_unrecorded_where_a_field_is_missing():
+    assert tables.batch_label({"commit": "e6da489b99" + "0" * 30, "dirty": False, "machine": EPYC3}) == "e6da489 × AMD EPYC (no native bf16)"
+    assert tables.batch_label({"commit": "c45d1bca88" + "0" * 30, "dirty": False}) == "c45d1bc × unrecorded"
+    assert tables.batch_label({"machine": EPYC4}) == "unrecorded × AMD EPYC (native bf16)"
+    assert tables.batch_label({"commit": "a" * 40, "dirty": True, "machine": EPYC4}) == "aaaaaaa (dirty) × AMD EPYC (native bf16)"
+    runs = [{"value": v, "seed": s, "test_bleu": 39.0, "commit": c * 40, "dirty": False, **m}
+            for v, s, c, m in ((8, 0, "a", {}), (8, 1, "b", {"machine": EPYC4}), (1, 0, "b", {"machine": EPYC4}), (1, 1, "b", {"machine": EPYC3}))]
+    assert tables.batch_letters(runs) == {"aaaaaaa × unrecorded": "A", "bbbbbbb × AMD EPYC (native bf16)": "B",
+                                          "bbbbbbb × AMD EPYC (no native bf16)": "C"}
+    legend = cells_of(tables.batches_markdown(runs, {"key": "h", "values": [1, 8]}))
+    # the legend lists each batch's seeds by point in the sweep's order, its letters as the runs first meet them
+    assert legend["B"] == ["bbbbbbb × AMD EPYC (native bf16)", "1: 0; 8: 1"] and legend["A"] == ["aaaaaaa × unrecorded", "8: 0"]
+    per_seed = [line.split("|")[-2].strip() for line in tables.per_seed_markdown(runs, {"key": "h"}).splitlines() if line.startswith("| 1 |")]
+    assert per_seed == ["B", "C"]
+    assert [tables._letter(i) for i in (0, 25, 26, 27)] == ["A", "Z", "AA", "AB"]
+
+
+def sensitivity_fixture():
+    """h = 8 (5 seeds, batches A A A B B), h = 1 (3 seeds, all B), h = 16 (5 seeds, A A A B B); h = 2 planned, not run."""
+    rng = np.random.default_rng(6)
+    shared = rng.normal(0, 0.4, 5)  # what a seed's data order does to every point
+    results = []
+    for value, mean, seeds in ((8, 39.5, 5), (1, 39.0, 3), (16, 38.9, 5)):
+        for s in range(seeds):
+            batch = {"commit": "b" * 40, "machine": EPYC3} if s >= 3 or value == 1 else {"commit": "a" * 40, "machine": EPYC4}
+            results.append({"value": value, "seed": s, "dirty": False, "test_bleu": float(mean + shared[s] + rng.normal(0, 0.2)), **batch})
+    return results, {"key": "h", "reference": 8, "values": [1, 2, 8, 16]}
+
+
+def test_sensitivity_tables_match_scipys_paired_t_and_a_pooled_t_by_hand_with_holm_over_the_primary_family():
+    results, spec = sensitivity_fixture()
+    bleu = {v: {r["seed"]: r["test_bleu"] for r in results if r["value"] == v} for v in (1, 8, 16)}
+    text = tables.sweep_sensitivity_markdown(results, spec)
+    assert text.startswith("## Sensitivity (no verdicts)")
+    rows = cells_of(text)
+    # seeds as blocks: SciPy's paired t over the seeds both have; Holm over the primary family's 3 (h = 2 planned)
+    paired = {v: stats.ttest_rel([bleu[v][s] for s in sorted(bleu[v])], [bleu[8][s] for s in sorted(bleu[v])]) for v in (1, 16)}
+    paired_holm = significance.holm([paired[1].pvalue, paired[16].pvalue], planned=3)
+    # one pooled variance: the within-point sum of squares over N - G = 13 - 3 df
+    groups = {v: np.array(list(b.values())) for v, b in bleu.items()}
+    s2 = sum(((g - g.mean()) ** 2).sum() for g in groups.values()) / 10
+    pooled = {v: 2 * stats.t.sf(abs(groups[v].mean() - groups[8].mean()) / math.sqrt(s2 * (1 / len(groups[v]) + 1 / 5)), 10)
+              for v in (1, 16)}
+    pooled_holm = significance.holm([pooled[1], pooled[16]], planned=3)
+    primary = tables.reference_comparisons(results, spec)
+    for i, v in enumerate((1, 16)):
+        row = rows[f"h = 8 → {v}"]
+        assert row[5] == tables._p(paired[v].pvalue) and row[6] == tables._p(paired_holm[i])
+        ci = paired[v].confidence_interval(0.95)
+        assert row[4] == f"[{ci.low:+.2f}, {ci.high:+.2f}]"
+        assert row[8] == tables._p(pooled[v]) and row[9] == tables._p(pooled_holm[i])
+        assert row[10] == tables._p(primary[v].p_holm)  # the primary Holm p beside them, as the primary table has it
+    # batches: h = 8 is A A A B B; h = 1 B B B (its seeds 3-4 absent: 3 pairs, none in one batch); h = 16 as h = 8
+    assert rows["h = 8 → 1"][:3] == ["A A A B B → B B B", "yes", "0–2 (0 in one batch)"]
+    assert rows["h = 8 → 16"][:3] == ["A A A B B → A A A B B", "yes", "0–4 (5 in one batch)"]
+    assert "h = 8 → 2" not in rows  # not run yet: no row
+    assert "all 13 runs of the 3 points" in text and "10 df" in text and "Holm over the same family as the primary table's" in text
+    assert "**Batches.** Within one batch: none. Crossing batches: h = 8 → 1; h = 8 → 16." in text
+
+
+def test_sensitivity_of_contrasts_is_its_own_family_and_one_batch_reads_no():
+    runs = [{"value": v, "seed": s, "commit": "c" * 40, "machine": EPYC3, "test_bleu": b + 0.1 * s + 0.05 * (s == 1) * (v == "y")}
+            for v, b in (("x", 40.0), ("y", 38.5), ("z", 38.0)) for s in range(3)]
+    spec = {"key": "shape", "reference": "x", "values": ["x", "y", "z"], "contrasts": [["y to z", "y", "z"]]}
+    text = tables.sweep_sensitivity_markdown(runs, spec)
+    row = cells_of(text.split("The decomposition:")[1])["y to z"]
+    y, z = [[r["test_bleu"] for r in runs if r["value"] == v] for v in "yz"]
+    assert row[1] == "no" and row[2] == "0–2 (3 in one batch)"
+    assert row[5] == row[6] == tables._p(stats.ttest_rel(z, y).pvalue)  # a family of one: Holm is the raw p
+    assert "Within one batch: shape = x → y; shape = x → z; y to z. Crossing batches: none." in text
+
+
+def test_the_detectable_difference_names_its_holm_level():
+    results, spec = sensitivity_fixture()
+    table = tables.seed_markdown(results, spec)
+    assert "detectable difference (80 % power at Holm's α / m)" in table.splitlines()[2]
+    assert "a two-sided t test at 0.05 / 3 = 0.0167 (Holm's strictest step over this table's comparisons)" in table
+    compared = tables.reference_comparisons(results, spec)
+    assert cells_of(table)["1"][8] == f"{significance.minimum_detectable_difference(compared[1].se, compared[1].df, 0.05 / 3):.2f}"
