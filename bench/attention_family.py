@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 import attention
 from attention import family
-from bench.lib import CLOCKS
+from bench.lib import CLOCKS, cpu_description
 from experiments.lib import member_options
 
 B, H, D = 1, 8, 64
@@ -129,6 +129,7 @@ def main():
         parser.error(f"--members {sorted(unknown)}: expected members of {timed_members()}")
     if args.window is not None and args.window < 0:
         parser.error(f"--window must be >= 0, got {args.window}")
+    print(cpu_description())  # the CPU, the releases and the lock
     print(f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
           f"median of {args.reps} alternating rounds ({args.clock} clock)\n")
     run(args.lengths, args.reps, args.clock, args.max_gib, args.members, args.window)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 import attention
-from bench.lib import CLOCKS, ROOT, median_ms
+from bench.lib import CLOCKS, ROOT, cpu_description, median_ms
 
 # (batch, length, query heads, head dim, kv heads)
 DEFAULT_SHAPES = (
@@ -228,6 +228,7 @@ def main():
         name, N, causal, dtype = args.memory_point
         return memory_point(name, int(N), causal == "True", dtype)
     dtype = jnp.dtype(args.dtype)
+    print(cpu_description())  # the CPU, the releases and the lock
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.dtype}, ", end="")
     if args.compiled_memory:
         print("XLA memory_analysis() of the compiled forward+backward, nothing run\n")

@@ -21,7 +21,7 @@ for the CPU (`bench.lib.with_fields`), or by `beam_search`'s own switch:
 Rounds alternate the order of the variants (reversed in odd rounds). A ratio is the variant's speed
 over the chosen model's in the same round (above 1: the variant is faster, the choice does not pay),
 median over rounds. Every figure is this process's CPU time (`--clock cpu`), so pin it to a core of
-its own. The header names the CPU, the releases and the lock (training/core/provenance.py).
+its own. The header names the CPU, the releases and the lock (`bench.lib.cpu_description`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from attention.formulation import Formulation
 from backends import xla_cpu
 from bench.lib import Ours, OursDecode, corpus_vocab, cpu_description, our_config
 from configs import default
-from training.core import precision, provenance
+from training.core import precision
 from training.data.corpus import load_corpus
 
 
@@ -91,7 +91,7 @@ def main():
     config = default.get_config()
     train, vocab = corpus_vocab(config)
     print(cpu_description())
-    print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}; {provenance.describe()}")
+    print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}")
     verdict = precision.measure("auto")  # what model.dtype "auto" decides here, by its start-up check
     print(f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
           f"-> {verdict['dtype']} (bfloat16 must be {precision.MIN_SPEEDUP}x faster)", flush=True)

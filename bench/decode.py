@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import attention
 import backends
 from attention import family
-from bench.lib import CLOCKS, median_ms
+from bench.lib import CLOCKS, cpu_description, median_ms
 
 BATCH, WIDTH, HEADS = 8, 512, 8
 # the attention formulation training picks for this backend (backends.model_hooks)
@@ -75,6 +75,7 @@ def main():
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--family", action="store_true", help="add the attention family's decoding members")
     args = parser.parse_args()
+    print(cpu_description())  # the CPU, the releases and the lock
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
           f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n")
     print("| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied | copied / donated |")

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bench.lib import CLOCKS, SIZES
+from bench.lib import CLOCKS, SIZES, cpu_description
 from models.dropout import Dropout
 
 RATE = 0.1
@@ -40,6 +40,7 @@ def main():
     now = CLOCKS[args.clock]
     sides = {"flax nn.Dropout": step(nn.Dropout(RATE, deterministic=False)),
              "models.Dropout": step(Dropout(RATE, deterministic=False))}
+    print(cpu_description())  # the CPU, the releases and the lock
     print(f"JAX {jax.__version__}, backend {jax.default_backend()}, rate {RATE}, median of {args.rounds} alternating "
           f"rounds of {args.calls} calls ({args.clock} clock)\n")
     print("| size | shape | dtype | flax ms | ours ms | × flax |")

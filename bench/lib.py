@@ -62,12 +62,22 @@ def median_seconds(fn, args, reps, clock="wall"):
 
 
 def cpu_description() -> str:
-    """`lscpu`'s model name, the CPU's bfloat16 / AMX flags (from /proc/cpuinfo) and this process's cores."""
+    """`lscpu`'s model name, the CPU's bfloat16 / AMX flags (from /proc/cpuinfo), this process's cores and `releases()`."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(name)), "?")  # noqa: E731
     flags = [f for f in field("flags").split() if "bf16" in f or f.startswith("amx") or f in ("avx2", "avx512f")]
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    return f"{field('model name')} ({' '.join(flags) or 'no avx2/avx512/bf16 flags'}); affinity {affinity}"
+    return f"{field('model name')} ({' '.join(flags) or 'no avx2/avx512/bf16 flags'}); affinity {affinity}{releases()}"
+
+
+def releases() -> str:
+    """'; jax 0.12.1, ..., requirements.lock 1a2b3c4d5e6f' (training/core/provenance.py), '' where the project
+    cannot be imported (this module under another interpreter, e.g. torch's for bench/torch_sdpa.py)."""
+    try:
+        from training.core import provenance
+    except ImportError:
+        return ""
+    return f"; {provenance.describe()}"
 
 
 # --- the peer: Flax's examples/wmt, imported unmodified ------------------------------------------

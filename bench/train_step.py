@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 
 import backends
-from bench.lib import SIZES, VOCAB, compiled_flops, matmul_flops_per_s, median_seconds, synthetic_batch
+from bench.lib import SIZES, VOCAB, compiled_flops, cpu_description, matmul_flops_per_s, median_seconds, synthetic_batch
 from models import Transformer, TransformerConfig
 from training.data.batching import as_arrays
 from training.core import step as step_lib
@@ -52,6 +52,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     rates = {d: matmul_flops_per_s(jnp.dtype(d)) for d in args.dtypes}
+    print(cpu_description())  # the CPU, the releases and the lock
     print(f"jax {jax.__version__}, {jax.default_backend()}; matmul 2048^3: "
           + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items()) + "\n")
     print("| size | params | compute dtype | batch (rows x len) | step s | target slot tokens/s | steps/s vs reference | GFLOP/step | MFU |")
