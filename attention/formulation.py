@@ -59,17 +59,12 @@ class Formulation:
     def __hash__(self):
         return hash((type(self), self.platform))
 
-    def scores(self, q: Array, k: Array, *, precision: Any, heads_sharing_kv: int) -> Array:
-        """One head's logits: q `[Lq, d_k]` (already scaled), k `[Lk, d_k]` -> q kᵀ `[Lq, Lk]` in `logits_dtype`.
-
-        `heads_sharing_kv`: how many query heads a `vmap` maps over this k (GQA's H/G).
-        """
-        del heads_sharing_kv
+    def scores(self, q: Array, k: Array, *, precision: Any) -> Array:
+        """One head's logits: q `[Lq, d_k]` (already scaled), k `[Lk, d_k]` -> q kᵀ `[Lq, Lk]` in `logits_dtype`."""
         return jnp.einsum("qd,kd->qk", q, k, precision=precision, preferred_element_type=logits_dtype(q.dtype))
 
-    def mix(self, weights: Array, v: Array, *, precision: Any, heads_sharing_kv: int) -> Array:
+    def mix(self, weights: Array, v: Array, *, precision: Any) -> Array:
         """One head's output: weights `[Lq, Lk]`, v `[Lk, d_v]` -> `[Lq, d_v]` in `logits_dtype(v.dtype)`."""
-        del heads_sharing_kv
         return jnp.einsum("qk,kd->qd", weights, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
 
     def materialize(self, tree: Any) -> Any:

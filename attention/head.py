@@ -19,20 +19,17 @@ from attention.formulation import PLAIN, Formulation
 Array = Any
 
 
-def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, heads_sharing_kv=1,
-                   formulation: Formulation = PLAIN):
+def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, formulation: Formulation = PLAIN):
     """q `[Lq, d_k]`, k `[Lk, d_k]`, v `[Lk, d_v]`; mask/bias/keep `[Lq|1, Lk|1]` -> (out `[Lq, d_v]`, weights `[Lq, Lk]`).
 
     `keep` is the dropout multiplier (keep-mask / keep_prob); the weights returned are pre-dropout.
-    `heads_sharing_kv`: how many query heads a `vmap` maps over this k/v (GQA's H/G).
     `formulation` spells the two products (`attention.formulation`; plain by default).
     """
     d_k = q.shape[-1]
-    products = dict(precision=precision, heads_sharing_kv=heads_sharing_kv)
-    logits = formulation.scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, **products)
+    logits = formulation.scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision=precision)
     weights = softmax(logits, mask, bias).astype(v.dtype)
     dropped = weights if keep is None else weights * keep
-    return formulation.mix(dropped, v, **products), weights
+    return formulation.mix(dropped, v, precision=precision), weights
 
 
 def softmax(logits, mask, bias):

@@ -5,12 +5,10 @@
   dot_general  -- `dense_dot_general(matmul, dtype, platform)`, for the dense layers and the logits:
     "xla"       -- None: Flax's default `lax.dot_general`;
     "row_major" -- `xla_cpu_bf16.row_major_dot_general`, whatever the backend;
-    "auto"      -- row_major where it pays: XLA:CPU, whatever the compute dtype. In 16 bits whether
-                   or not the CPU has native bfloat16 (without it, row_major's float32 products and
-                   elementwise work still ran a bf16 step faster than xla's); in float32 because
-                   XLA:CPU leaves a weight gradient (its left operand contracting its first
-                   dimension) to a slower dot path than row-major products (results/code_choices.md).
-                   "xla" on every other backend.
+    "auto"      -- row_major where it pays: XLA:CPU with 16-bit compute, whether or not the CPU has
+                   native bfloat16 (its float32 products and elementwise work ran bf16 train steps and
+                   decoding faster than xla's); "xla" for float32 compute, where XLA:CPU's own dots
+                   are as fast since jax 0.12.1, and on every other backend (results/code_choices.md).
   formulation  -- attention's products and cache writes: `xla_cpu.FORMULATION` on the CPU, the plain
                   formulation (`attention.Formulation`) for `platform` elsewhere; either names its
                   platform, so what depends on it (`impl="auto"` taking cuDNN) is chosen for the
@@ -50,7 +48,7 @@ def dense_dot_general(matmul: str, dtype, platform: str | None = None) -> Callab
     if matmul not in MATMULS:
         raise ValueError(f"matmul = {matmul!r}; expected one of {MATMULS}")
     if matmul == "auto":
-        pays = is_cpu(platform)
+        pays = is_cpu(platform) and jnp.dtype(dtype).itemsize == 2
         matmul = "row_major" if pays else "xla"
         logging.info("matmul 'auto' -> %r (%s compute on XLA:CPU: %s)", matmul, jnp.dtype(dtype).name, pays)
     return xla_cpu_bf16.row_major_dot_general if matmul == "row_major" else None

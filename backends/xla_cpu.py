@@ -1,4 +1,4 @@
-"""XLA:CPU's spellings of attention's products, cache writes and dropout draws: the same numbers, faster there.
+"""XLA:CPU's spellings of attention's cache writes and dropout draws: the same numbers, faster there.
 
 Nothing in attention/ or models/ imports this module: `backends.model_hooks` picks these for the
 CPU and the training config passes them to the model (`TransformerConfig.formulation`,
@@ -6,16 +6,12 @@ CPU and the training config passes them to the model (`TransformerConfig.formula
 other backend the model runs the plain formulation (`attention.formulation.Formulation`,
 Flax's `jax.random.bernoulli` dropout).
 
-* Few queries against many keys (a decode step against its cache): logits as (K Qᵀ)ᵀ, so XLA:CPU
-  streams K instead of repacking it (bench/decode.py, results/decode_bench.md).
-* One query in a 16-bit dtype per KV head (a bfloat16 decode step): XLA:CPU computes that
-  matrix-vector product in float32 after converting all of K (or V) in a pass of its own, which
-  doubles a step's cache traffic; a float32 product summed in float32 (exact for bf16 inputs)
-  fuses the conversion into the one read instead (results/kv_decode.md).
 * Cache updates behind `lax.optimization_barrier`: one materialised update per cache, read by the
   attention and returned; without it XLA:CPU may fuse the update into each consumer and copy the
   (donated) cache. The same barrier keeps beam search's small query block materialised
   (`attention.beams`).
+* Attention's two products stay plain: the (K Qᵀ)ᵀ logits for few queries and a float32 sum for one
+  16-bit query row no longer paid on jax 0.12.1 (results/code_choices.md) and were deleted.
 * Dropout keep-masks from each 32-bit random word's two 16-bit halves: the threefry hash is most
   of what dropout costs on CPU, and this hashes half as many words (results/peer.md section 7).
   The keep probability becomes `round((1 - rate) * 2**16) / 2**16` (0.8999939 for rate 0.1) and
@@ -31,45 +27,22 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.formulation import Formulation, logits_dtype
+from attention.formulation import Formulation
 
-# A few queries against many keys: at most this many queries per key take the (K Qᵀ)ᵀ form.
-FEW_QUERIES_PER_KEY = 1 / 8
 BITS = 16  # per dropout decision; 32 // BITS decisions per random word
 
 
 class XlaCpuFormulation(Formulation):
-    """`Formulation` with XLA:CPU's decode-step products and materialised cache updates (platform "cpu")."""
+    """`Formulation` with XLA:CPU's materialised cache updates (platform "cpu")."""
 
     def __init__(self):
         super().__init__("cpu")
-
-    def scores(self, q, k, *, precision, heads_sharing_kv):
-        if _one_narrow_row(q, heads_sharing_kv):
-            return jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)[None]
-        if q.shape[0] <= FEW_QUERIES_PER_KEY * k.shape[0]:
-            return jnp.einsum("kd,qd->kq", k, q, precision=precision, preferred_element_type=logits_dtype(q.dtype)).T
-        return super().scores(q, k, precision=precision, heads_sharing_kv=heads_sharing_kv)
-
-    def mix(self, weights, v, *, precision, heads_sharing_kv):
-        if _one_narrow_row(weights, heads_sharing_kv):
-            return jnp.sum(weights.T.astype(jnp.float32) * v.astype(jnp.float32), axis=0, keepdims=True)
-        return super().mix(weights, v, precision=precision, heads_sharing_kv=heads_sharing_kv)
 
     def materialize(self, tree):
         return lax.optimization_barrier(tree)
 
 
 FORMULATION = XlaCpuFormulation()
-
-
-def _one_narrow_row(x, heads_sharing_kv):
-    """One query row in a dtype narrower than the logits', not batched with other heads' rows.
-
-    `heads_sharing_kv` query heads mapped over one k/v batch into a real matrix product, so one
-    query each is not a matrix-vector product.
-    """
-    return heads_sharing_kv == 1 and x.shape[0] == 1 and logits_dtype(x.dtype) != x.dtype
 
 
 def keep_threshold(rate: float) -> int:

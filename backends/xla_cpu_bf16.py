@@ -1,22 +1,20 @@
 """XLA:CPU workaround: a `lax.dot_general` for dense layers that keeps bfloat16 matmuls in bfloat16.
 
-XLA:CPU (jax 0.12) runs a 16-bit dot at 16-bit speed only in row-major form, lhs `[M, K]` times
-rhs `[K, N]`. Any other form -- the `x W^T` and `x^T g` products that autodiff makes for every
-dense layer's backward, and the tied logits `y E^T` -- is converted to float32 first and runs at
-the float32 rate, half the bfloat16 one (`bench/train_step.py` measures both). `row_major_dot_general`
-reshapes a dense layer's product to `[M, K] @ [K, N]` and gives it a backward whose two products
-are row-major too, their transposed operands copied out explicitly by `transposed`. Its result
-is float32 (see `row_major_matmul`), so a model using it computes its matmuls with 16-bit operands
-and the rest of each layer mostly in float32.
+XLA:CPU up to jax 0.12.0 ran a 16-bit dot at 16-bit speed only in row-major form, lhs `[M, K]` times
+rhs `[K, N]`, and converted any other form -- the `x W^T` and `x^T g` products that autodiff makes
+for every dense layer's backward, and the tied logits `y E^T` -- to float32 first. jax 0.12.1's
+XLA:CPU keeps such a backward in bfloat16 (YNNPACK fusions), yet this module still runs bf16 train
+steps and decoding 11-12 % faster than XLA's dots (results/code_choices.md), so it stays for 16-bit
+compute. `row_major_dot_general` reshapes a dense layer's product to `[M, K] @ [K, N]` and gives it a
+backward whose two products are row-major too, their transposed operands copied out explicitly by
+`transposed`. Its result is float32 (see `row_major_matmul`), so a model using it computes its
+matmuls with 16-bit operands and the rest of each layer mostly in float32.
 
-The products' gain needs a CPU with native bfloat16 dot instructions (`has_native_bf16`);
-elsewhere XLA emulates bfloat16 in float32 whatever the form, but the float32 results still spare
-the bfloat16 elementwise work and reductions (a bf16 step 1.56x faster than with XLA's dots on a
-Zen 3, results/code_choices.md), so `backends.dense_dot_general("auto")` picks it on every CPU.
-Float32 gains from the row-major form too: XLA:CPU runs the `x^T g` weight gradients on a slower
-dot path than `[M, K] @ [K, N]` (a base train step 1.10x faster with this function on a Zen 4),
-so "auto" picks it for float32 on the CPU as well. Nothing here is imported by `models/`: the
-training config picks this function (`backends.dense_dot_general`) and hands it to the model.
+`backends.dense_dot_general("auto")` picks it on XLA:CPU for 16-bit compute, with or without
+native bfloat16 dot instructions (`has_native_bf16`): without them the float32 results still spare
+the bfloat16 elementwise work and reductions. For float32 compute "auto" takes XLA's own dots,
+which measure as fast at jax 0.12.1. Nothing here is imported by `models/`: the training config
+picks this function (`backends.dense_dot_general`) and hands it to the model.
 """
 
 from __future__ import annotations

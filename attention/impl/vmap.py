@@ -23,8 +23,7 @@ def attention(q, k, v, mask, bias, options):
     extras = (mask, bias, keep)
     # per mapped level (batch, group, head in group): map a real axis, broadcast a size-1 one
     level_axes = [tuple(None if x is None or x.shape[level] == 1 else 0 for x in extras) for level in range(3)]
-    fn = functools.partial(attention_head, precision=options.precision, heads_sharing_kv=R,
-                           formulation=options.formulation)
+    fn = functools.partial(attention_head, precision=options.precision, formulation=options.formulation)
     fn = jax.vmap(fn, in_axes=(1, None, None, *level_axes[2]), out_axes=(1, 0))
     fn = jax.vmap(fn, in_axes=(1, 0, 0, *level_axes[1]), out_axes=(1, 0))
     fn = jax.vmap(fn, in_axes=(0, 0, 0, *level_axes[0]), out_axes=(0, 0))
