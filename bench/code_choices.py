@@ -11,17 +11,16 @@ Two workloads, on real Multi30k at the small size (bench/lib.py's `SIZES`), in f
 Each variant takes one choice out by replacing the `TransformerConfig` hook that `model_hooks` chose
 for the CPU (`bench.lib.with_fields`), or by `beam_search`'s own switch:
 
-    matmul xla          dot_general None: Flax's `lax.dot_general` instead of `row_major_dot_general`
+    matmul flipped      dot_general swapped: `lax.dot_general` where "auto" chose `row_major_dot_general`
+                        (16-bit compute), `row_major_dot_general` where it chose XLA's (float32)
     dropout bernoulli   dropout_keep None: Flax's `jax.random.bernoulli` instead of the 16-bit split
-    no few-query        the (K Q^T)^T logits for few queries against many keys taken out
-    no narrow row       the float32 product for one 16-bit query per K/V head taken out
     no barriers         `materialize` (cache writes, beam queries, logits) an identity
     no logits barrier   `beam_search(..., logits_barrier=False)` alone
 
 Rounds alternate the order of the variants (reversed in odd rounds). A ratio is the variant's speed
 over the chosen model's in the same round (above 1: the variant is faster, the choice does not pay),
-median over rounds. Every figure is this process's CPU time (`--clock cpu`), so pin it to a core of
-its own. The header names the CPU, the releases and the lock (`bench.lib.cpu_description`).
+median over rounds; results/code_choices.md also keeps the choices deleted after such a sitting.
+Every figure is this process's CPU time (`--clock cpu`), so pin it to a core of its own. The header names the CPU, the releases and the lock (`bench.lib.cpu_description`).
 """
 
 from __future__ import annotations
@@ -31,52 +30,40 @@ import statistics
 
 import jax
 
-from attention.formulation import Formulation
-from backends import xla_cpu
+import backends
+from backends import xla_cpu, xla_cpu_bf16
 from bench.lib import Ours, OursDecode, corpus_vocab, cpu_description, our_config
 from configs import default
 from training.core import precision
 from training.data.corpus import load_corpus
 
 
-class Without(xla_cpu.XlaCpuFormulation):
-    """XLA:CPU's formulation with some of its pieces taken out: "few_queries", "narrow_row", "barriers"."""
-
-    def __init__(self, *pieces: str):
-        super().__init__()
-        self.pieces = frozenset(pieces)
-
-    def scores(self, q, k, *, precision, heads_sharing_kv):
-        narrow = xla_cpu._one_narrow_row(q, heads_sharing_kv)
-        few = q.shape[0] <= xla_cpu.FEW_QUERIES_PER_KEY * k.shape[0]
-        if narrow and "narrow_row" not in self.pieces or few and "few_queries" not in self.pieces:
-            if narrow and "narrow_row" in self.pieces:  # the few-query form is what such a row took otherwise
-                return super().scores(q[:1], k, precision=precision, heads_sharing_kv=2)
-            return super().scores(q, k, precision=precision, heads_sharing_kv=heads_sharing_kv)
-        return Formulation.scores(self, q, k, precision=precision, heads_sharing_kv=heads_sharing_kv)
-
-    def mix(self, weights, v, *, precision, heads_sharing_kv):
-        if xla_cpu._one_narrow_row(weights, heads_sharing_kv) and "narrow_row" in self.pieces:
-            return Formulation.mix(self, weights, v, precision=precision, heads_sharing_kv=heads_sharing_kv)
-        return super().mix(weights, v, precision=precision, heads_sharing_kv=heads_sharing_kv)
+class NoBarriers(xla_cpu.XlaCpuFormulation):
+    """XLA:CPU's formulation with its `materialize` barriers taken out."""
 
     def materialize(self, tree):
-        return tree if "barriers" in self.pieces else super().materialize(tree)
+        return tree
 
 
 TRAIN_VARIANTS = {  # label: TransformerConfig fields replaced
     "as chosen": {},
-    "matmul xla": {"dot_general": None},
+    "matmul flipped": {"dot_general": "flipped"},
     "dropout bernoulli": {"dropout_keep": None},
 }
 DECODE_VARIANTS = {  # label: (TransformerConfig fields replaced, beam_search switches)
     "as chosen": ({}, {}),
-    "matmul xla": ({"dot_general": None}, {}),
-    "no few-query": ({"formulation": Without("few_queries")}, {}),
-    "no narrow row": ({"formulation": Without("narrow_row")}, {}),
-    "no barriers": ({"formulation": Without("barriers")}, {}),
+    "matmul flipped": ({"dot_general": "flipped"}, {}),
+    "no barriers": ({"formulation": NoBarriers()}, {}),
     "no logits barrier": ({}, {"logits_barrier": False}),
 }
+
+
+def flipped(fields: dict, dtype: str) -> dict:
+    """`fields` with a "flipped" dot_general resolved: the matmul "auto" did not choose for `dtype` on the CPU."""
+    if fields.get("dot_general") != "flipped":
+        return fields
+    chosen = backends.dense_dot_general("auto", jax.numpy.dtype(dtype), "cpu")
+    return {**fields, "dot_general": None if chosen else xla_cpu_bf16.row_major_dot_general}
 
 
 def main():
@@ -100,12 +87,14 @@ def main():
         src, tgt = vocab.encode(list(train.src)), vocab.encode(list(train.tgt))
         for dtype in args.dtypes:
             for label, fields in TRAIN_VARIANTS.items():
-                sides["train", dtype, label] = Ours(our_config("small", dtype, {}), vocab, src, tgt, args.reps, fields)
+                sides["train", dtype, label] = Ours(our_config("small", dtype, {}), vocab, src, tgt, args.reps,
+                                                    flipped(fields, dtype))
     if "decode" in args.workloads:
         sources = vocab.encode(list(load_corpus(config, "test_2016_flickr").src[:60]))
         for dtype in args.dtypes:
             for label, (fields, options) in DECODE_VARIANTS.items():
-                sides["decode", dtype, label] = OursDecode(dtype, vocab, sources, 20, 63, beam=4, model_overrides=fields, **options)
+                sides["decode", dtype, label] = OursDecode(dtype, vocab, sources, 20, 63, beam=4,
+                                                           model_overrides=flipped(fields, dtype), **options)
 
     def measure(key):
         side = sides[key]
