@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -234,7 +235,9 @@ def main():
         print("XLA memory_analysis() of the compiled forward+backward, nothing run\n")
         return compiled_memory_table(args.compiled_memory, args.impls, args.dtype)
     if args.memory:
-        print("one forward+backward per fresh process\n")
+        # glibc's heap policy decides how much of the freed scratch comes back (results/memory_bench.md)
+        threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc's default (dynamic)")
+        print(f"one forward+backward per fresh process; MALLOC_MMAP_THRESHOLD_ {threshold}\n")
         return memory_table(args.memory, args.impls, args.dtype)
     torch_python = args.torch_python or (sys.executable if importlib.util.find_spec("torch") else None)
     version = torch_version(torch_python)
