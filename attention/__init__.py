@@ -1,4 +1,10 @@
-"""headcount's attention: one-head scaled dot-product attention vmapped into MHA / GQA / MQA."""
+"""headcount's attention: one-head scaled dot-product attention vmapped into MHA / GQA / MQA.
+
+The public surface is `__all__` (docs/attention.md, "Public API"); a name leaves it only after one
+release in which using it warns (`DeprecationWarning`, naming its replacement).
+"""
+
+__version__ = "0.2.0"  # the distribution's version (setup.cfg reads it); 0.2.0: the library installs alone
 
 from attention.core import IMPLS, attend, choose_impl, dot_product_attention
 from attention.formulation import Formulation

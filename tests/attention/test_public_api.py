@@ -1,0 +1,26 @@
+"""`attention`'s public surface: `__all__` is what docs/attention.md documents, and `__version__` is the distribution's."""
+
+import re
+from pathlib import Path
+
+import attention
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def documented_names() -> list[str]:
+    """The first column of docs/attention.md's "Public API" table."""
+    text = (ROOT / "docs/attention.md").read_text()
+    section = text.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([A-Za-z_][A-Za-z0-9_]*)` \|", section, flags=re.M)
+
+
+def test_the_documented_api_is_all():
+    assert sorted(documented_names()) == sorted(attention.__all__)
+    for name in attention.__all__:
+        assert hasattr(attention, name), name
+
+
+def test_the_version_is_setup_cfgs():
+    assert re.fullmatch(r"\d+\.\d+\.\d+", attention.__version__)
+    assert "version = attr: attention.__version__" in (ROOT / "setup.cfg").read_text()
