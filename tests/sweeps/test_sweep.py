@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -110,8 +111,7 @@ def test_print_commands_lists_unfinished_points(tmp_path):
 def test_point_lock_keeps_two_sweeps_apart(tmp_path):
     lock = tmp_path / sweep.LOCK_FILE
     assert sweep.claim(lock) is None  # free: taken
-    assert sweep.claim(lock) == lock.read_text()  # held by a live process (this one)
+    assert f"in use by {socket.gethostname()}:{os.getpid()}" in sweep.claim(lock)  # held by a live process (this one)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    host = lock.read_text().split(":")[0]
-    lock.write_text(f"{host}:{finished.stdout.strip()}")  # its process has exited: stale
-    assert sweep.claim(lock) is None and lock.read_text() == f"{host}:{os.getpid()}"
+    lock.write_text(f"{socket.gethostname()}:{finished.stdout.strip()}")  # its process has exited: stale
+    assert sweep.claim(lock) is None and json.loads(lock.read_text())["pid"] == os.getpid()

@@ -29,7 +29,7 @@ from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
 
 
-LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir
+LOCK_FILE = "train.lock"  # host, PID and start of the process training in the workdir (training.core.lock)
 
 
 PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
@@ -111,8 +111,8 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
     if not restart:  # a restart starts afresh whatever the workdir holds (moved aside by _write_workdir)
         config_lib.check_resumable(config, workdir / "config.json")
         check_history(workdir)
-    if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
-        raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
+    if distributed.is_main() and (why := lock.refusal(workdir / LOCK_FILE)):  # refuse before the slow checks
+        raise lock.DirectoryInUse(why)
     device = jax.devices()[0]
     logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
     train, dev = _nonempty(config, "train_split"), _nonempty(config, "eval_split")
