@@ -165,12 +165,24 @@ def _write(lock: Path, text: str, replace: bool) -> None:
             os.unlink(tmp)
 
 
+GUARD_FILE = ".lock-guard"  # flocked instead of the directory where a directory cannot be (NFS emulates flock with fcntl locks)
+
+
 @contextlib.contextmanager
 def _guard(directory: Path):
-    """An exclusive flock on `directory` for the body: claims and releases of its locks happen one at a time."""
+    """An exclusive flock on `directory` for the body: claims and releases of its locks happen one at a time.
+
+    Where the file system refuses a lock on a directory, the lock is on `directory/GUARD_FILE` instead (created
+    once, never removed: removing it would let two claimers lock two different files).
+    """
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(fd)
+            fd = os.open(directory / GUARD_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the flock

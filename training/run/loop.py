@@ -318,7 +318,7 @@ def check_history(workdir: Path) -> None:
 
 def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
     """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is deleted)."""
-    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS, *keep)]
+    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, lock.GUARD_FILE, PREVIOUS, *keep)]
     if not names:
         return
     target = workdir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -1,10 +1,12 @@
 """The workdir lock: taken over exactly when its holder is provably gone, refused with the way out otherwise."""
 
+import errno
 import json
 import multiprocessing
 import os
 import shlex
 import socket
+import stat
 import subprocess
 import sys
 
@@ -114,3 +116,18 @@ def test_many_concurrent_claimers_of_one_lock_exactly_one_wins(tmp_path, stale):
         winners = [pid for d, pid, won in outcomes if d == directory and won]
         assert len(winners) == 1, (directory, winners)
         assert json.loads((tmp_path / directory / "train.lock").read_text())["pid"] == winners[0]
+
+
+def test_where_a_directory_cannot_be_flocked_a_guard_file_is(tmp_path, monkeypatch):
+    flock = lock.fcntl.flock
+
+    def no_directories(fd, operation):  # as NFS, which emulates flock with fcntl locks (write access needed)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return flock(fd, operation)
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_directories)
+    path = tmp_path / "train.lock"
+    assert lock.claim(path) is None and "in use by" in lock.claim(path)
+    lock.release(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lock.GUARD_FILE]
