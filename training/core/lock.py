@@ -64,14 +64,6 @@ def refusal(lock: Path) -> str | None:
         return _judge(lock)[0]
 
 
-def holder(lock: Path) -> str | None:
-    """HOST:PID of the process holding `lock` as the file names it, or None (no lock, or a stale one)."""
-    if refusal(lock) is None:
-        return None
-    owner = _read(lock)
-    return f"{owner['host']}:{owner['pid']}" if isinstance(owner, dict) else None
-
-
 @contextlib.contextmanager
 def held(lock: Path):
     """Hold `lock` for the `with` body; DirectoryInUse saying who has it and what to do if it cannot be taken."""
