@@ -227,7 +227,7 @@ def _check_same_arrays(manager, step: int, saved: dict | None, target) -> None:
     wanted, what = _arrays(target), None
     try:
         named = set(json.loads((Path(manager.directory) / str(step) / CHECKSUM_FILE).read_text()))
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):  # missing or garbled: the restore's verification reports it
         named = None
     if named is not None:
         keys = {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(target)}

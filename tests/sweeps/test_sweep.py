@@ -125,7 +125,7 @@ def _vocabulary_point(config, out, barrier, errors):
         errors.put(f"{type(error).__name__}: {error}")
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # os.fork with JAX imported: the points train no model
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the points train no model
 def test_points_starting_together_all_get_the_one_shared_vocabulary(tmp_path, monkeypatch):
     import multiprocessing
 

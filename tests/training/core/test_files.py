@@ -18,7 +18,7 @@ def _write_many(path, marker, barrier, errors):
         errors.put(f"{type(error).__name__}: {error}")
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # os.fork with JAX imported: the writers use no JAX
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the writers use no JAX
 def test_many_processes_writing_one_target_all_succeed_and_leave_one_whole_version(tmp_path):
     writers = 12
     path = tmp_path / "spm.model"

@@ -93,7 +93,7 @@ def _claimer(directories, barrier, results):
         barrier.wait()  # the winner stays alive until every claimer has tried
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # os.fork with JAX imported: the claimers use no JAX
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the claimers use no JAX
 @pytest.mark.parametrize("stale", ["", "{host}:{dead}", '{{"host": "{host}", "pid": {me}, "started": "x/1"}}', None])
 def test_many_concurrent_claimers_of_one_lock_exactly_one_wins(tmp_path, stale):
     trials, claimers = 12, 16
