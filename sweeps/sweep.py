@@ -53,7 +53,7 @@ from absl import logging
 
 from training import config as config_lib
 from training.core import compile_cache, files, precision, provenance, step as step_lib
-from training.core.lock import claim
+from training.core.lock import claim, release
 from training.data import tokenizer
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
@@ -322,9 +322,9 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, 
     config.seed = point.seed
     run_dir = Path(workdir) / point.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    owner = claim(run_dir / LOCK_FILE)
-    if owner is not None:
-        logging.warning("%s is being run by process %s; leaving it to that one", run_dir, owner)
+    why = claim(run_dir / LOCK_FILE)
+    if why is not None:
+        logging.warning("%s: leaving the point to the lock's holder", why)
         return None
     # the code and the releases this process loaded, not whatever is checked out or installed when it ends
     commit = {**store.git_commit(), **provenance.environment()}
@@ -347,7 +347,7 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, 
             files.write_atomic(store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references))
         store.save_point(out, point, run_dir, result)
     finally:
-        (run_dir / LOCK_FILE).unlink(missing_ok=True)
+        release(run_dir / LOCK_FILE)
     return result
 
 

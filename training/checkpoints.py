@@ -3,7 +3,13 @@
 Each saved step also gets `checksums.json`: one 32-bit position-weighted sum of every array's
 bits. Orbax reads bytes that were damaged on disk without complaint when they sit in raw
 (incompressible) blocks, so a restore recomputes the sums and treats a mismatch like an
-unreadable checkpoint: skipped with a warning, the previous one restored.
+unreadable checkpoint: skipped with a warning, the previous one restored. A step without its
+checksums (a kill between the save and them) cannot be checked and is skipped the same way.
+
+Before any of that, the arrays a step holds (names, shapes, dtypes, from its metadata) are compared
+with the state the config builds: a difference is the config's, not damage (`ConfigMismatch`,
+naming the array and both shapes; nothing is moved). When no step in `checkpoints/` is intact, an
+intact state in `best/` is restored instead.
 
 A writer (the training loop) moves a damaged step aside to `checkpoints/damaged/STEP` (kept, never
 reused as a name, never deleted); a reader (`read_only=True`: eval.py, analyses) only skips it.
@@ -36,17 +42,22 @@ class NoIntactCheckpoint(RunRefused):
     """Every checkpoint of a run is damaged: resuming is impossible and restarting must be asked for."""
 
 
+class ConfigMismatch(RunRefused):
+    """The checkpoints hold arrays other than those the requested config builds: another run's config."""
+
+
 class Checkpoints:
     """`workdir/checkpoints` keeps the latest `keep` states; `workdir/best` the one with the lowest dev loss.
 
     read_only: a reader's view, which creates, moves and deletes nothing (a run may be training there).
+    protected: a step that rotation never deletes (the last good checkpoint of a divergence stop).
     """
 
-    def __init__(self, workdir: str | Path, keep: int, read_only: bool = False):
+    def __init__(self, workdir: str | Path, keep: int, read_only: bool = False, protected: int | None = None):
         workdir = Path(workdir).absolute()
-        self.read_only = read_only
+        self.read_only, self.keep, self.protected = read_only, keep, protected
         self.latest = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, read_only=read_only, create=not read_only))
+            max_to_keep=keep if protected is None else None, read_only=read_only, create=not read_only))
         self.best = ocp.CheckpointManager(
             workdir / "best",
             options=ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["dev_loss"], best_mode="min",
@@ -58,6 +69,10 @@ class Checkpoints:
             self.latest.save(step, args=ocp.args.StandardSave(state))
             self.latest.wait_until_finished()
             _write_checksums(self.latest, step, state)
+            if self.protected is not None:  # rotation by hand: the `keep` newest and the protected step
+                rotated = sorted(s for s in self.latest.all_steps() if s != self.protected)
+                for old in rotated[:max(0, len(rotated) - self.keep)]:
+                    self.latest.delete(old)
 
     def save_if_best(self, step: int, state, dev_loss: float) -> None:
         if self.best.save(step, args=ocp.args.StandardSave(state), metrics={"dev_loss": dev_loss}):
@@ -73,6 +88,11 @@ class Checkpoints:
         if unreadable and not self.read_only:
             self.move_aside(unreadable)
         if state is None and unreadable:
+            state, step, _ = _restore_newest(self.best, abstract_state)
+            if state is not None:
+                logging.warning("no intact checkpoint in %s; resuming from the intact step %d in %s",
+                                self.latest.directory, step, self.best.directory)
+                return state, step
             where = f"moved to {Path(self.latest.directory) / DAMAGED}" if not self.read_only else "left in place"
             raise NoIntactCheckpoint(
                 f"every checkpoint in {self.latest.directory} is damaged (steps {', '.join(map(str, sorted(unreadable)))}, "
@@ -149,10 +169,10 @@ def _write_checksums(manager, step: int, state) -> None:
 
 
 def _verify(manager, step: int, state) -> None:
-    """ValueError naming the first array whose bits differ from what was saved (no checksums: older checkpoint, accepted)."""
+    """ValueError naming the first array whose bits differ from what was saved, or saying there are no checksums."""
     path = Path(manager.directory) / str(step) / CHECKSUM_FILE
     if not path.exists():
-        return
+        raise ValueError(f"{path} is missing (a save cut off before its checksums?): the arrays cannot be checked")
     saved = json.loads(path.read_text())
     for name, value in _named_checksums(state).items():
         if saved.get(name) != value:
@@ -165,6 +185,12 @@ def _restore_newest(manager, abstract_state):
     unreadable = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
+            saved = _saved_arrays(manager, step)
+        except Exception as error:  # unreadable metadata: damage, handled with the restore below
+            saved = None
+            logging.debug("metadata of checkpoint %d unreadable: %s", step, error)
+        _check_same_arrays(manager, step, saved, target)
+        try:
             state = manager.restore(step, args=ocp.args.StandardRestore(target))
             _verify(manager, step, state)
         except Exception as error:  # a half-written or damaged step: fall back to the previous one
@@ -173,3 +199,47 @@ def _restore_newest(manager, abstract_state):
             continue
         return state, step, unreadable
     return None, 0, unreadable
+
+
+def _path_name(path) -> str:
+    return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _arrays(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{dotted name: (shape, dtype)} of a tree's array leaves."""
+    return {_path_name(path): (tuple(leaf.shape), str(leaf.dtype))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
+
+
+def _saved_arrays(manager, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{name: (shape, dtype)} of the arrays step `step` holds, from its metadata alone (the arrays are not read)."""
+    metadata = ocp.StandardCheckpointHandler().metadata(Path(manager.directory) / str(step) / "default")
+    return _arrays(getattr(metadata, "tree", metadata))
+
+
+def _check_same_arrays(manager, step: int, saved: dict | None, target) -> None:
+    """ConfigMismatch naming the first array that checkpoint `step` and the config's state hold differently.
+
+    The names come from the step's checksums.json (a file apart from orbax's, so damage to the arrays leaves them),
+    the shapes and dtypes from orbax's metadata (`saved`, None when unreadable). Damage that leaves either unreadable
+    is not a mismatch: the restore finds it.
+    """
+    wanted, what = _arrays(target), None
+    try:
+        named = set(json.loads((Path(manager.directory) / str(step) / CHECKSUM_FILE).read_text()))
+    except (OSError, ValueError, TypeError):  # missing or garbled: the restore's verification reports it
+        named = None
+    if named is not None:
+        keys = {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(target)}
+        if missing := sorted(keys - named):
+            what = f"has no array {missing[0]}, which the requested config builds"
+        elif extra := sorted(named - keys):
+            what = f"holds an array {extra[0]}, which the requested config does not build"
+    for name in sorted(set(saved or {}) & set(wanted)):
+        if what is None and saved[name] != wanted[name]:
+            what = (f"holds {name} {saved[name][0]} {saved[name][1]}, but the requested config builds "
+                    f"{wanted[name][0]} {wanted[name][1]}")
+    if what:
+        raise ConfigMismatch(
+            f"checkpoint {step} in {manager.directory} {what}: the requested config is not this run's "
+            "(resume with the config in its config.json, pass --restart to start over, or use a new --workdir)")

@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -110,8 +111,40 @@ def test_print_commands_lists_unfinished_points(tmp_path):
 def test_point_lock_keeps_two_sweeps_apart(tmp_path):
     lock = tmp_path / sweep.LOCK_FILE
     assert sweep.claim(lock) is None  # free: taken
-    assert sweep.claim(lock) == lock.read_text()  # held by a live process (this one)
+    assert f"in use by {socket.gethostname()}:{os.getpid()}" in sweep.claim(lock)  # held by a live process (this one)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    host = lock.read_text().split(":")[0]
-    lock.write_text(f"{host}:{finished.stdout.strip()}")  # its process has exited: stale
-    assert sweep.claim(lock) is None and lock.read_text() == f"{host}:{os.getpid()}"
+    lock.write_text(f"{socket.gethostname()}:{finished.stdout.strip()}")  # its process has exited: stale
+    assert sweep.claim(lock) is None and json.loads(lock.read_text())["pid"] == os.getpid()
+
+
+def _vocabulary_point(config, out, barrier, errors):
+    barrier.wait()
+    try:
+        sweep.shared_vocabulary(config, out)
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        errors.put(f"{type(error).__name__}: {error}")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the points train no model
+def test_points_starting_together_all_get_the_one_shared_vocabulary(tmp_path, monkeypatch):
+    import multiprocessing
+
+    from tiny import train_config
+    from training.data import corpus, tokenizer
+
+    words = [f"w{i} x{i % 7} y{i % 5}" for i in range(400)]
+    monkeypatch.setattr(sweep, "load_corpus", lambda config, split: corpus.Corpus(tuple(words), tuple(words), {}))
+    config = train_config(1)
+    config.data.vocab_size = 40
+    points, out = 8, tmp_path / "results" / "tiny"
+    context = multiprocessing.get_context("fork")
+    barrier, errors = context.Barrier(points), context.Queue()
+    processes = [context.Process(target=_vocabulary_point, args=(config, out, barrier, errors)) for _ in range(points)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(timeout=300)
+    assert errors.empty(), errors.get()
+    assert [p.exitcode for p in processes] == [0] * points
+    assert (out / "spm.model").read_bytes() == tokenizer.train(words + words, 40, seed=0)  # one whole version
+    assert sorted(p.name for p in out.iterdir()) == ["spm.model"]

@@ -5,6 +5,7 @@ import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from training import checkpoints
 
@@ -51,3 +52,53 @@ def test_an_intact_checkpoint_restores_bit_for_bit(tmp_path):
     assert step == 3
     for name, value in state(3).items():
         np.testing.assert_array_equal(restored[name], value)
+
+
+def test_a_checkpoint_of_other_shapes_is_a_config_mismatch_not_damage(tmp_path):
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
+    ckpts.save(1, state(1))
+    other = {**state(1), "w": jnp.zeros((256, 512), jnp.float32)}  # what another model config builds
+    with pytest.raises(checkpoints.ConfigMismatch, match=r"w .*\(512, 512\).*\(256, 512\)"):
+        ckpts.restore_latest(jax.eval_shape(lambda: other))
+    with pytest.raises(checkpoints.ConfigMismatch, match=r"extra"):
+        ckpts.restore_latest(jax.eval_shape(lambda: {**state(1), "extra": jnp.zeros(3)}))
+    ckpts.close()
+    assert not (tmp_path / "checkpoints" / checkpoints.DAMAGED).exists()  # nothing moved: the checkpoint is intact
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+
+
+def test_a_checkpoint_without_its_checksums_is_not_restored_unchecked(tmp_path):
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
+    ckpts.save(1, state(1))
+    ckpts.save(2, state(2))
+    ckpts.close()
+    (tmp_path / "checkpoints" / "2" / checkpoints.CHECKSUM_FILE).unlink()  # a kill between the save and its checksums
+    corrupt_largest_file(tmp_path / "checkpoints" / "2")
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
+    restored, step = ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
+    ckpts.close()
+    assert step == 1
+    np.testing.assert_array_equal(restored["w"], state(1)["w"])
+    assert (tmp_path / "checkpoints" / checkpoints.DAMAGED / "2").is_dir()
+
+
+def test_an_intact_best_state_is_used_when_every_latest_checkpoint_is_damaged(tmp_path):
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
+    ckpts.save(2, state(2))
+    ckpts.save_if_best(2, state(2), 1.5)
+    ckpts.close()
+    corrupt_largest_file(tmp_path / "checkpoints" / "2")
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
+    restored, step = ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
+    ckpts.close()
+    assert step == 2
+    np.testing.assert_array_equal(restored["w"], state(2)["w"])
+
+
+def test_rotation_never_deletes_the_protected_step(tmp_path):
+    small = lambda step: {"w": jnp.full((4,), step, jnp.float32)}  # noqa: E731
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=2, protected=3)
+    for step in range(1, 8):
+        ckpts.save(step, small(step))
+    assert ckpts.latest.all_steps() == [3, 6, 7]
+    ckpts.close()

@@ -29,10 +29,11 @@ from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
 
 
-LOCK_FILE = "train.lock"  # HOST:PID of the process training in the workdir
+LOCK_FILE = "train.lock"  # host, PID and start of the process training in the workdir (training.core.lock)
 
 
 PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
+DIVERGED_FILE = "diverged.json"  # a divergence stop's loss baseline and its last good checkpoint (read on resume)
 
 
 class NonFiniteLoss(RunRefused):
@@ -74,7 +75,8 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
     workdir.mkdir(parents=True, exist_ok=True)  # every check has passed
     with lock.held(workdir / LOCK_FILE) if distributed.is_main() else contextlib.nullcontext():
         distributed.main_first("workdir", lambda: _write_workdir(config, workdir, run, restart))
-        ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints)
+        diverged = read_divergence(workdir)
+        ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints, protected=diverged.get("kept_step"))
         writer = None
         try:
             restored, start = ckpts.restore_latest(run.trainer.to_checkpoint(run.state))
@@ -83,7 +85,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
                 logging.info("resumed from step %d", start)
             logging.info("model parameters: %d", step_lib.parameter_count(run.trainer.to_checkpoint(run.state).params))
             writer = MetricsWriter(workdir, resume_step=start)
-            return _train(config, run, ckpts, writer, start, compiles, entered)
+            return _train(config, run, ckpts, writer, start, compiles, entered, diverged.get("lowest_running_loss"))
         finally:
             if writer is not None:
                 writer.close()
@@ -111,8 +113,8 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
     if not restart:  # a restart starts afresh whatever the workdir holds (moved aside by _write_workdir)
         config_lib.check_resumable(config, workdir / "config.json")
         check_history(workdir)
-    if distributed.is_main() and (owner := lock.holder(workdir / LOCK_FILE)):  # refuse before the slow checks
-        raise lock.DirectoryInUse(f"{workdir} is in use by {owner} (its {LOCK_FILE}); wait for it, or stop it first")
+    if distributed.is_main() and (why := lock.refusal(workdir / LOCK_FILE)):  # refuse before the slow checks
+        raise lock.DirectoryInUse(why)
     device = jax.devices()[0]
     logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
     train, dev = _nonempty(config, "train_split"), _nonempty(config, "eval_split")
@@ -162,15 +164,18 @@ def _write_workdir(config, workdir: Path, run: _Run, restart: bool) -> None:
 
 
 def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles: compile_cache.CompileCounter,
-           entered: float) -> dict:
-    """Train from step `start` to the last (or a stop): log, evaluate, checkpoint. The last dev metrics."""
+           entered: float, baseline: float | None = None) -> dict:
+    """Train from step `start` to the last (or a stop): log, evaluate, checkpoint. The last dev metrics.
+
+    baseline: the lowest running loss a divergence stop recorded (DIVERGED_FILE): a resume watches against it.
+    """
     state = run.state
     evaluate = _Evaluator(config, run, ckpts, writer)
     learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))  # logged; jitted: one program, not a dozen eager ops
     stop = _StopFlag()
     dev_metrics: dict = {}
-    watch = LossWatch(config.get("divergence_factor", 0.0),
-                      min((r["loss"] for r in writer.records if "split" not in r and "loss" in r), default=None))
+    logged = [r["loss"] for r in writer.records if "split" not in r and "loss" in r]
+    watch = LossWatch(config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None))
     # An evaluation a stop signal cut short is redone before training goes on.
     if distributed.agree(start > 0 and start % config.eval_every_steps == 0
                          and not any(r["step"] == start and "split" in r for r in writer.records))[0]:
@@ -223,6 +228,9 @@ def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles
             if stop_requested:
                 logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
                 break
+    except NonFiniteLoss:
+        record_divergence(Path(ckpts.latest.directory).parent, watch.lowest, ckpts)
+        raise
     finally:
         progress.close()
         stop.restore()
@@ -280,11 +288,18 @@ def _steps_in(folder: Path) -> list[int]:
 
 
 def check_history(workdir: Path) -> None:
-    """RunRefused if `workdir` holds a run (logged metrics, a best/ or set-aside checkpoint) but no checkpoint to resume.
+    """RunRefused if `workdir` holds a run (logged metrics, a best/ or set-aside checkpoint) but no checkpoint to resume,
+    or checkpoints but no config.json (nothing to check the requested config against).
 
     A start that was killed before its first record (config.json, the vocabulary, an empty metrics.jsonl)
     holds no run: the same command starts it again.
     """
+    saved = [f"{folder}/ step {s}" for folder in ("checkpoints", "best") for s in _steps_in(workdir / folder)]
+    if saved and not (workdir / "config.json").is_file():
+        raise RunRefused(
+            f"{workdir} holds checkpoints ({', '.join(saved)}) but no config.json, so the run's config cannot be checked "
+            f"against this one: put the run's config.json back to resume it, pass --restart to start over (the old run "
+            f"is moved to {workdir / PREVIOUS}/), or use a new --workdir")
     metrics = workdir / "metrics.jsonl"
     logged = [r.get("step", 0) for r in files.read_jsonl(metrics)] if metrics.is_file() else []
     aside = [p.name for p in (workdir / "checkpoints").iterdir() if p.is_dir() and not p.name.isdigit()] \
@@ -303,7 +318,7 @@ def check_history(workdir: Path) -> None:
 
 def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
     """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is deleted)."""
-    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS, *keep)]
+    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, lock.GUARD_FILE, PREVIOUS, *keep)]
     if not names:
         return
     target = workdir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -332,6 +347,30 @@ def _check_finite(params, step, ckpts):
     """Never checkpoint a state that has gone non-finite: the last saved one stays the last good one."""
     if not bool(_all_finite(params)):
         raise _diverged(f"parameters are not finite after step {step}", ckpts)
+
+
+def read_divergence(workdir: Path) -> dict:
+    """What the last divergence stop recorded in `workdir` (DIVERGED_FILE), or {}; ValueError naming a garbled file."""
+    path = workdir / DIVERGED_FILE
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        lowest, kept = record["lowest_running_loss"], record["kept_step"]
+        if not (lowest is None or isinstance(lowest, float)) or not (kept is None or type(kept) is int):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError(f"{path} is not a divergence record (expected JSON with lowest_running_loss and kept_step); "
+                         f"restore it from a copy, or remove it to resume without the stop's baseline") from None
+    return record
+
+
+def record_divergence(workdir: Path, lowest: float | None, ckpts) -> None:
+    """Write DIVERGED_FILE (process 0): the loss baseline a resume keeps, and the checkpoint rotation must keep."""
+    if distributed.is_main():
+        steps = ckpts.latest.all_steps()
+        files.write_atomic(workdir / DIVERGED_FILE, json.dumps(
+            {"lowest_running_loss": lowest, "kept_step": max(steps) if steps else None}, indent=2))
 
 
 def _diverged(what: str, ckpts, insane: int | None = None) -> NonFiniteLoss:

@@ -288,6 +288,9 @@ def test_a_run_without_an_intact_checkpoint_is_refused_until_restart_which_keeps
     if damage == "every checkpoint":
         for step in steps(workdir / "checkpoints"):
             corrupt_largest_file(workdir / "checkpoints" / str(step), seed=step)
+        for step in steps(workdir / "best"):  # best/ too (its checksums off by one): an intact state there is resumed
+            sums = workdir / "best" / str(step) / checkpoints.CHECKSUM_FILE
+            sums.write_text(json.dumps({name: value + 1 for name, value in json.loads(sums.read_text()).items()}))
     else:
         for child in (workdir / "checkpoints").iterdir():
             shutil.rmtree(child)
@@ -302,6 +305,28 @@ def test_a_run_without_an_intact_checkpoint_is_refused_until_restart_which_keeps
     assert (previous / "metrics.jsonl").read_text() == metrics and steps(previous / "best")  # moved aside, whole
     assert steps(workdir / "checkpoints") == [10, 20] and [json.loads(r)["step"] for r in
                                                            (workdir / "metrics.jsonl").read_text().splitlines()][0] == 5
+
+
+@pytest.mark.slow
+def test_a_workdir_with_checkpoints_but_no_config_json_is_refused_not_resumed(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    (workdir / "config.json").unlink()
+    before = tree(workdir)
+    flags = tiny_flags(30, **{"seed": 7, "optimizer.learning_rate": 0.01})
+    line = one_line_error(run_cli("train.py", *flags, f"--workdir={workdir}"))
+    assert "no config.json" in line and "--restart" in line, line
+    assert tree(workdir) == before  # nothing trained, nothing rewritten
+
+
+@pytest.mark.slow
+def test_a_config_json_edited_to_another_model_is_a_mismatch_and_moves_nothing(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    saved = json.loads((workdir / "config.json").read_text())
+    saved["model"]["mlp_dim"] = 48  # edited by hand to match the requested config
+    (workdir / "config.json").write_text(json.dumps(saved))
+    line = one_line_error(run_cli("train.py", *tiny_flags(30, **{"model.mlp_dim": 48}), f"--workdir={workdir}"))
+    assert re.search(r"checkpoint 20 .* holds \S+ \((\d+, )?32,?\) float32, but the requested config builds \((\d+, )?48,?\)", line), line
+    assert not (workdir / "checkpoints" / "damaged").exists() and steps(workdir / "checkpoints") == [10, 20]
 
 
 @pytest.mark.slow
@@ -364,6 +389,19 @@ def test_a_huge_learning_rate_stops_in_one_line_at_a_checkpoint_with_a_sane_loss
     assert steps(workdir / "checkpoints" / "diverged") == [stopped - 1]  # the state that gave the bad loss, kept aside
     losses = [r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" not in r]
     assert all(loss < 10 * 6 for loss in losses)  # every logged window was sane (ln 300 = 5.7 at the start)
+
+
+@pytest.mark.slow
+def test_a_diverged_run_started_again_stops_again_against_the_recorded_baseline_and_keeps_its_good_checkpoint(tmp_path):
+    workdir = tmp_path / "run"
+    flags = tiny_flags(60, **{"optimizer.learning_rate": 300.0, "checkpoint_every_steps": 1, "eval_every_steps": 100,
+                              "keep_checkpoints": 2})
+    first = one_line_error(run_cli("train.py", *flags, f"--workdir={workdir}"))
+    baseline = re.search(r"lowest running loss \(([\d.]+)\)", first).group(1)
+    kept = int(re.search(r"last good checkpoint is step (\d+)", first).group(1))
+    again = one_line_error(run_cli("train.py", *flags, f"--workdir={workdir}"))  # the same command again
+    assert f"lowest running loss ({baseline})" in again, (first, again)
+    assert kept in steps(workdir / "checkpoints")  # rotation (2 kept) did not delete the good one
 
 
 @pytest.mark.slow
