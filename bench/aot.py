@@ -41,15 +41,6 @@ flags.mark_flags_as_required(["config", "target"])
 MIB = 2**20
 
 
-def parse_mesh(text: str) -> tuple[int, int]:
-    """'2,2' -> (2, 2); ValueError naming --mesh otherwise."""
-    try:
-        data, model = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--mesh = {text!r}; expected DATA,MODEL as two ints (-1: the rest), e.g. 2,2") from None
-    return data, model
-
-
 def table(reports: dict) -> str:
     """The report as a Markdown table, one row a program (memory in MiB a device)."""
     rows = ["memory in MiB a device; needs = argument + output - donated + temp + code", "",
@@ -70,7 +61,7 @@ def table(reports: dict) -> str:
 def main(argv):
     del argv
     target = aot.parse_target(flags.FLAGS.target)
-    data, model = parse_mesh(flags.FLAGS.mesh)
+    data, model = aot.parse_mesh(flags.FLAGS.mesh)
     programs = tuple(p for p in flags.FLAGS.programs.split(",") if p)
     config = flags.FLAGS.config
     reports = aot.compile_programs(config, target, data, model, rows=flags.FLAGS.rows, programs=programs)

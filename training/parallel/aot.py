@@ -97,6 +97,15 @@ def parse_target(text: str) -> Target:
     return Target(chip, topology)
 
 
+def parse_mesh(text: str) -> tuple[int, int]:
+    """'2,2' -> (data 2, model 2); ValueError naming --mesh otherwise."""
+    try:
+        data, model = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--mesh = {text!r}; expected DATA,MODEL as two ints (-1: the rest), e.g. 2,2") from None
+    return data, model
+
+
 def has_libtpu() -> bool:
     """Whether the `libtpu` wheel (the `aot` extra) is installed: TPU targets need it."""
     return importlib.util.find_spec("libtpu") is not None
