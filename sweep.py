@@ -7,6 +7,7 @@
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
     python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
     python sweep.py --study configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
+    python sweep.py --plan --config configs/ablation_heads.py --target tpu:v5e   # compile every point, train nothing
     python sweep.py --adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
@@ -16,13 +17,18 @@ for them; `--print_commands` prints one command per point instead; `--collect` r
 RESULTS_DIR/NAME.{md,csv,png} from RESULTS_DIR/NAME/ alone.
 """
 
+import os
 import sys
 from pathlib import Path
 
-from absl import app, flags
+if "--plan" in sys.argv:  # read when JAX is imported: a plan compiles for its --target on this host's CPU
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from training.core import errors, logs
-from sweeps import launch, study, sweep, tables as sweep_tables
+from absl import app, flags  # noqa: E402
+
+from training.core import errors, logs  # noqa: E402
+from training.parallel import aot  # noqa: E402
+from sweeps import launch, plan, study, sweep, tables as sweep_tables  # noqa: E402
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
 flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
@@ -49,6 +55,11 @@ flags.DEFINE_bool("restart", False, "with --point: start that point afresh, the 
 flags.DEFINE_string("compilation_cache_dir", None, "internal / cluster use: the sweep's one persistent compilation "
                     "cache, used by points whose config.compilation_cache_dir is 'auto'")
 
+flags.DEFINE_bool("plan", False, "with --config and --target: compile every point's train step for the target "
+                  "(python -m bench.aot's compile) and print memory, FLOPs and points a device; nothing is trained")
+flags.DEFINE_string("target", None, "--plan: tpu:CHIP[:TOPOLOGY], e.g. tpu:v5e, tpu:v4:2x2x1")
+flags.DEFINE_string("mesh", "-1,1", "--plan: DATA,MODEL shards of each point's mesh (-1: the rest of the devices)")
+
 SLURM_FLAGS = ("slurm_partition", "slurm_gpus", "slurm_time_min", "slurm_cpus")
 
 
@@ -64,6 +75,13 @@ def main(argv):
             raise app.UsageError("--adopt needs --config (the sweep that shares another's runs)")
         adopted = sweep.adopt_stored(sweep.load_module(f.config), results_dir)
         print(f"adopted {len(adopted)} point(s): {', '.join(p.name for p in adopted) or 'none new'}")
+        return
+    if f.plan:
+        if f.config is None or f.target is None:
+            raise app.UsageError("--plan needs --config (a sweep config) and --target")
+        target = aot.parse_target(f.target)
+        data, model = aot.parse_mesh(f.mesh)
+        print(plan.table(plan.plan(sweep.load_module(f.config), target, data, model), target))
         return
     if f.collect:
         names = [sweep.load_module(f.config).SWEEP_NAME] if f.config else None

@@ -4,7 +4,13 @@
 `TransformerConfig` fields:
   dot_general  -- `dense_dot_general(matmul, dtype, platform)`, for the dense layers and the logits:
     "xla"       -- None: Flax's default `lax.dot_general`;
-    "row_major" -- `xla_cpu_bf16.row_major_dot_general`, whatever the backend;
+    "row_major" -- `xla_cpu_bf16.row_major_dot_general` on XLA:CPU; for any other platform the same as
+                   "auto" there (XLA's dots). The row-major form is an XLA:CPU layout trick: on a GPU or
+                   TPU the bf16 operands already multiply with float32 accumulation in the matrix units,
+                   while the trick's copied transposes (held by optimisation barriers) and float32
+                   results (pushing bias, activation, dropout and residual work into float32) only add
+                   kernels and bytes. So a config that pins it (configs/table3_preset.py, for its CPU
+                   runs) runs the accelerator's own dots on an accelerator, and CPU runs are unchanged;
     "auto"      -- row_major where it pays: XLA:CPU with 16-bit compute, whether or not the CPU has
                    native bfloat16 (its float32 products and elementwise work ran bf16 train steps and
                    decoding faster than xla's); "xla" for float32 compute, where XLA:CPU's own dots
@@ -47,6 +53,10 @@ def dense_dot_general(matmul: str, dtype, platform: str | None = None) -> Callab
     """The `dot_general` for `TransformerConfig.dot_general` (None: `lax.dot_general`)."""
     if matmul not in MATMULS:
         raise ValueError(f"matmul = {matmul!r}; expected one of {MATMULS}")
+    if matmul == "row_major" and not is_cpu(platform):
+        logging.info("matmul 'row_major' -> 'xla' for platform %r (the row-major product is an XLA:CPU trick)",
+                     platform or jax.default_backend())
+        return None
     if matmul == "auto":
         pays = is_cpu(platform) and jnp.dtype(dtype).itemsize == 2
         matmul = "row_major" if pays else "xla"

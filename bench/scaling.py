@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 import sys
 
 if "--gpu" not in sys.argv:  # before JAX starts: the device count is fixed then
@@ -31,24 +30,8 @@ from configs import default
 from models import Transformer
 from training import config as config_lib
 from training.parallel import trainers
+from training.parallel.aot import collectives
 from training.core import step as step_lib
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-               "f64": 8, "s64": 8, "u64": 8}
-# `%name = <result type> op(`; async pairs count once, at their -start (whose result tuple also holds the operand)
-_OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-def collectives(hlo: str) -> dict[str, tuple[int, int]]:
-    """{op: (count, result bytes)} over the compiled module's text."""
-    found = {op: [0, 0] for op in COLLECTIVES}
-    for match in _OP.finditer(hlo):
-        nbytes = sum(DTYPE_BYTES.get(m["dtype"], 4) * int(np.prod([int(d) for d in m["dims"].split(",") if d]))
-                     for m in _SHAPE.finditer(match["type"]))
-        found[match["op"]][0] += 1
-        found[match["op"]][1] += nbytes
-    return {op: tuple(v) for op, v in found.items()}
-
 
 def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"):
     config = default.get_config()

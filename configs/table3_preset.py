@@ -42,7 +42,9 @@ def apply(config, *, packed: bool = False):
     # pinned, not 'auto' (which picks them only on CPUs with native bf16): bf16 operands, float32
     # products and elementwise work on every machine. On a CPU without native bf16, 'xla' matmuls
     # (bf16 products) ran slower and strayed further from the other machines' training
-    # (results/plateau/README.md, "Across machines")
+    # (results/plateau/README.md, "Across machines"). A CPU trick: for a GPU or TPU program
+    # `backends.dense_dot_general` takes XLA's dots instead (bf16 operands accumulate in float32 in the
+    # matrix units there), so CPU points stay bit-identical and accelerators run no XLA:CPU layout work
     config.model.matmul = "row_major"
     config.data.token_budget = 1024
     config.data.pack_length = 0  # length buckets: every committed point was trained so (the default packs since)

@@ -139,14 +139,19 @@ def _differences(saved, current, prefix):
     return [d for k in keys if saved.get(k) != current.get(k) for d in _differences(saved.get(k), current.get(k), f"{prefix}.{k}")]
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int, dtype: str | None = None) -> TransformerConfig:
-    """The model config, its compute dtype and matmuls picked for JAX's backend (so: after `distributed.initialize`).
+def model_config(config: ml_collections.ConfigDict, vocab_size: int, dtype: str | None = None,
+                 platform: str | None = None) -> TransformerConfig:
+    """The model config, its compute dtype and backend hooks picked for `platform` (so: after `distributed.initialize`).
 
-    dtype: the run's resolved compute dtype (`precision.run_dtype`); None resolves `model.dtype` on this machine.
+    dtype: the run's resolved compute dtype (`precision.run_dtype`); None resolves `model.dtype` for
+    `platform` (`precision.resolve`: 'auto' measures this machine, or is bfloat16 for a GPU/TPU target).
+    platform: the JAX platform the program is compiled for ("cpu", "cuda", "tpu", ...); None: this
+    process's default backend. A program compiled ahead of time for an accelerator on a CPU host names
+    it, so none of XLA:CPU's hooks (`backends.model_hooks`) reach it.
     """
     dtype = dtype or precision.resolve(config.model.dtype, compile_cache.cache_dir(config.compilation_cache_dir),
-                                       matmul=config.model.matmul)
-    hooks = backends.model_hooks(config.model.matmul, DTYPES[dtype])  # dot_general, formulation, dropout_keep
+                                       matmul=config.model.matmul, platform=platform)
+    hooks = backends.model_hooks(config.model.matmul, DTYPES[dtype], platform)  # dot_general, formulation, dropout_keep
     return dataclasses.replace(_model_fields(config, vocab_size, dtype), **hooks)
 
 
@@ -221,9 +226,9 @@ def _as_text(name: str, value):
     return AS_TEXT[name][1](value) if name in AS_TEXT else value
 
 
-def build_model(config: ml_collections.ConfigDict, vocab, dtype: str | None = None) -> Transformer:
-    """The model a run's config describes, sized to the vocabulary it trained (or loaded); dtype as `model_config`'s."""
-    return Transformer(model_config(config, vocab.vocab_size(), dtype))
+def build_model(config: ml_collections.ConfigDict, vocab, dtype: str | None = None, platform: str | None = None) -> Transformer:
+    """The model a run's config describes, sized to the vocabulary it trained (or loaded); dtype and platform as `model_config`'s."""
+    return Transformer(model_config(config, vocab.vocab_size(), dtype, platform))
 
 
 def check_max_len(config: ml_collections.ConfigDict) -> None:

@@ -42,7 +42,7 @@ def attention(q, k, v, mask, bias, options, *, implementation):
     B, Lq, G, R, d_k = q.shape
     Lk = k.shape[2]
     if implementation == "cudnn":
-        check_cudnn(q, k, v, options, max_head_dim=cudnn_max_head_dim())
+        check_cudnn(q, k, v, options, max_head_dim=cudnn_max_head_dim(platform))
         # cuDNN adds masks and biases as one [B|1, H|1, Lq, Lk] bias: its query and key axes
         # cannot broadcast, so a padding mask [.., 1, Lk] is spread here; the bias is cast to
         # the inputs' dtype, the one cuDNN computes in.
@@ -92,8 +92,16 @@ def check_cudnn(q, k, v, options, *, max_head_dim):
             )
 
 
-def cudnn_max_head_dim() -> int:
-    """256 from Hopper (compute capability 9.0) on, 128 before: JAX's `check_is_flash_attention`."""
+def cudnn_max_head_dim(platform: str | None = None) -> int:
+    """256 from Hopper (compute capability 9.0) on, 128 before: JAX's `check_is_flash_attention`.
+
+    platform: the program's target as its formulation names it. The device is read only where it
+    is the target: `platform` None, or naming the backend this process runs (a GPU run). A program
+    compiled for a GPU from another host (ahead of time, on a CPU) cannot read its target's compute
+    capability while tracing, so it gets 128, the limit every GPU with cuDNN flash attention accepts.
+    """
+    if platform is not None and target(platform) != target(None) and not (is_nvidia_gpu(platform) and is_nvidia_gpu(None)):
+        return 128
     device = jax.devices()[0]
     capability = getattr(device, "compute_capability", None)
     if capability is None:

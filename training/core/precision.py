@@ -6,6 +6,11 @@ per machine and `model.matmul` setting (the check times the products the model w
 verdict is kept in the compilation cache directory, keyed by the device, the JAX version and that
 setting, so every run on a machine resolves "auto" the same way. A run records the dtype it
 resolved in its workdir (`RUN_INFO`) and a resumed run keeps it, wherever it resumes.
+
+A program compiled for another target than this host (ahead of time: `bench.aot`) cannot measure
+that target: for a GPU or TPU target "auto" resolves to bfloat16 without measuring (every GPU and TPU
+the project targets multiplies bfloat16 natively, the case the check exists to find); for a CPU
+target it measures this host, as a run would.
 """
 
 from __future__ import annotations
@@ -96,9 +101,18 @@ def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = N
     return {"machine": key, **choices[key]}
 
 
-def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None, matmul: str = "auto") -> str:
-    """The compute dtype `model.dtype` names on this machine with `model.matmul` ('auto' -> their verdict)."""
-    return setting if setting != "auto" else machine_choice(cache, measure_fn, matmul)["dtype"]
+def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None, matmul: str = "auto",
+            platform: str | None = None) -> str:
+    """The compute dtype `model.dtype` names with `model.matmul` ('auto' -> this machine's verdict).
+
+    platform: the target the program is compiled for (None: this process's backend). For a target
+    other than XLA:CPU, 'auto' is "bfloat16" without a measurement (the module docstring says why).
+    """
+    if setting != "auto":
+        return setting
+    if platform is not None and not backends.is_cpu(platform):
+        return "bfloat16"
+    return machine_choice(cache, measure_fn, matmul)["dtype"]
 
 
 def run_dtype(setting: str, workdir: Path | None, cache: Path | None, measure_fn: Callable[[], dict] | None = None,

@@ -1,0 +1,89 @@
+"""Compile a config's programs for a TPU this machine does not have, and say whether they fit: no TPU needed.
+
+    pip install -c requirements.lock -e ".[aot]"       # libtpu, pinned to the locked jax
+    python -m bench.aot --config configs/default.py --target tpu:v5e:2x2 --mesh 2,2
+    python -m bench.aot --config configs/base.py --config.model.dtype=bfloat16 --target tpu:v5e --json aot.json
+
+--target tpu:CHIP[:TOPOLOGY] (CHIP: v4, v5e, v5p, v6e; TOPOLOGY chips a side, one chip by default);
+--mesh DATA,MODEL (default: every device on data). The train step (the run's own `MeshTrainer.step_fn`,
+over the mesh) and the eval step (one device, as a run evaluates) are compiled at the config's
+shapes (`training.parallel.aot`): per device, argument / output / temp memory and what the program
+needs in all, its share of the chip's HBM, FLOPs (XLA's cost analysis), collectives by kind,
+fusions and custom calls, and the seconds to lower and compile on this CPU. A program that does
+not fit is refused in one line on stderr (exit status 1) after the table and JSON are written.
+The model's hooks and `model.dtype = "auto"` are chosen for the target, never for this CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # read when JAX is imported: the host compiles, no TPU backend is tried
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from bench.lib import releases  # noqa: E402
+from training.core import errors  # noqa: E402
+from training.parallel import aot  # noqa: E402
+
+config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
+flags.DEFINE_string("target", None, "tpu:CHIP[:TOPOLOGY], e.g. tpu:v5e:2x2, tpu:v4:2x2x1, tpu:v6e")
+flags.DEFINE_string("mesh", "-1,1", "DATA,MODEL shards of the train step's mesh (-1: the rest of the devices)")
+flags.DEFINE_integer("rows", None, "the global training batch's rows (default: the config's, token_budget // length)")
+flags.DEFINE_string("programs", ",".join(aot.PROGRAMS), f"which programs to compile, some of {aot.PROGRAMS}")
+flags.DEFINE_string("json", None, "also write the report here as JSON")
+flags.mark_flags_as_required(["config", "target"])
+
+MIB = 2**20
+
+
+def table(reports: dict) -> str:
+    """The report as a Markdown table, one row a program (memory in MiB a device)."""
+    rows = ["memory in MiB a device; needs = argument + output - donated + temp + code", "",
+            "| program | devices (mesh) | batch | argument | output | temp | code | needs | of HBM | GFLOP / device "
+            "| collectives | fusions | custom calls | lower s | compile s |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for name, r in reports.items():
+        m = {k: v / MIB for k, v in r["memory_bytes"].items()}
+        mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items()) or "unsharded"
+        found = ", ".join(f"{op} {n}" for op, n in r["collectives"].items() if n) or "none"
+        flops = "n/a" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}"
+        rows.append(f"| {name} | {r['devices']} ({mesh}) | {r['batch'][0]} x {r['batch'][1]} | {m['argument']:,.1f} "
+                    f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} | {100 * r['hbm_share']:.1f} % "
+                    f"| {flops} | {found} | {r['fusions']} | {r['custom_calls']} | {r['lower_s']:.1f} | {r['compile_s']:.1f} |")
+    return "\n".join(rows)
+
+
+def main(argv):
+    del argv
+    target = aot.parse_target(flags.FLAGS.target)
+    data, model = aot.parse_mesh(flags.FLAGS.mesh)
+    programs = tuple(p for p in flags.FLAGS.programs.split(",") if p)
+    config = flags.FLAGS.config
+    reports = aot.compile_programs(config, target, data, model, rows=flags.FLAGS.rows, programs=programs)
+    header = (f"{target.name}: {target.num_devices} device(s), {target.chip.hbm_gib:g} GiB HBM each ({aot.HBM_SOURCE}); "
+              f"compiled on this CPU, libtpu {_libtpu_version()}{releases()}")
+    print(header)
+    print(table(reports))
+    if flags.FLAGS.json:
+        Path(flags.FLAGS.json).write_text(json.dumps({"header": header, "programs": reports}, indent=2))
+    refused = [line for name, r in reports.items() if (line := aot.refusal(name, r))]
+    if refused:
+        raise errors.RunRefused("; ".join(refused))
+
+
+def _libtpu_version() -> str:
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+if __name__ == "__main__":
+    errors.run_reporting_user_errors("bench.aot", lambda: app.run(main))

@@ -1,0 +1,52 @@
+"""A sweep planned before it is booked: every point's train step compiled for a target, nothing trained.
+
+`plan` compiles each value of a sweep config (one seed: seeds share every shape) for a TPU target with
+`training.parallel.aot` and reports, per point, the memory a device needs, its share of the chip, the
+FLOPs of one step, and how many points one device could hold at once: `floor(0.95 * HBM / needs)`,
+the 95 % the local launcher splits between `--points_per_device` processes (`sweep.slot_environments`;
+that launcher shares GPUs and CPUs, so on a TPU the figure says what memory allows, not a flag to pass).
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+from training.parallel import aot
+
+SHARED_FRACTION = 0.95  # of a device's memory, split between the points sharing it (sweep.slot_environments)
+
+
+def plan(module: ModuleType, target: aot.Target, data: int = -1, model: int = 1, devices=None) -> list[dict]:
+    """[{point, needs_bytes, hbm_share, flops, points_per_device, compile_s, refused}] for each of the sweep's values."""
+    devices = aot.compile_only_devices(target) if devices is None else devices
+    rows = []
+    for value in module.SWEEP_VALUES:
+        point = f"{module.SWEEP_KEY}={value}"
+        try:
+            report = aot.compile_programs(module.get_config(point), target, data, model, programs=("train",),
+                                          devices=devices)["train"]
+        except aot.DoesNotFit as refused:
+            rows.append({"point": point, "needs_bytes": None, "hbm_share": None, "flops": None, "points_per_device": 0,
+                         "compile_s": None, "refused": str(refused)})
+            continue
+        needs = report["memory_bytes"]["needed"]
+        rows.append({"point": point, "needs_bytes": needs, "hbm_share": report["hbm_share"], "flops": report["flops"],
+                     "points_per_device": math.floor(SHARED_FRACTION * target.chip.hbm_gib * aot.GIB / needs),
+                     "compile_s": report["compile_s"], "refused": aot.refusal("train", report)})
+    return rows
+
+
+def table(rows: list[dict], target: aot.Target) -> str:
+    """The plan as a Markdown table (memory in MiB a device)."""
+    lines = [f"train step per point on {target.name} ({target.chip.hbm_gib:g} GiB a device); points a device: "
+             f"floor({SHARED_FRACTION} x HBM / needs)", "",
+             "| point | needs MiB | of HBM | GFLOP a step / device | points a device | compile s |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["needs_bytes"] is None:
+            lines.append(f"| {r['point']} | refused: {r['refused']} | | | 0 | |")
+            continue
+        flops = "n/a" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}"
+        lines.append(f"| {r['point']} | {r['needs_bytes'] / 2**20:,.1f} | {100 * r['hbm_share']:.1f} % | {flops} "
+                     f"| {r['points_per_device']} | {r['compile_s']:.1f} |")
+    return "\n".join(lines)

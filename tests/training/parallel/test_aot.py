@@ -1,0 +1,84 @@
+"""A tiny model's programs compiled for a TPU slice on this CPU (`training.parallel.aot`, libtpu's compile-only devices).
+
+On a v5e 2x2 as (data 2, model 2) the train step compiles, reports its memory a device, and has
+all-reduces of activations [rows / data, L, d_model] where the model axis splits the heads (after
+W^O) and the MLP (after wo); with model = 1 it has none (only the gradients' all-reduce over data).
+A model no chip can hold is refused in one line. Skipped where the libtpu wheel (the `aot` extra)
+is absent; the target parsing and the HLO counting need no TPU.
+"""
+
+import re
+
+import pytest
+
+from configs import default
+from training.parallel import aot
+
+needs_libtpu = pytest.mark.skipif(not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'")
+D_MODEL, ROWS, LENGTH = 64, 32, 64
+
+
+def _tiny():
+    config = default.get_config()
+    config.model.update(num_layers=1, d_model=D_MODEL, mlp_dim=128, num_heads=4, dtype="auto")
+    config.data.update(vocab_size=256, token_budget=ROWS * LENGTH, pack_length=LENGTH)
+    return config
+
+
+def _activation_all_reduces(hlo: str, rows: int) -> int:
+    """All-reduce results shaped like an activation [rows, LENGTH, D_MODEL] (a tuple's members each)."""
+    shape = rf"\w+\[{rows},{LENGTH},{D_MODEL}\]"
+    return sum(len(re.findall(shape, m)) for m in re.findall(r"= (\(.*?\)|\S+) all-reduce(?:-start)?\(", hlo))
+
+
+@needs_libtpu
+def test_tiny_train_step_on_a_v5e_slice_splits_heads_and_mlp_over_model():
+    target = aot.parse_target("tpu:v5e:2x2")
+    devices = aot.compile_only_devices(target)
+    split = aot.compile_programs(_tiny(), target, 2, 2, programs=("train",), devices=devices, keep_hlo=True)["train"]
+    assert split["mesh"] == {"data": 2, "model": 2} and split["batch"] == [ROWS, LENGTH]
+    memory = split["memory_bytes"]
+    assert memory["argument"] > 0 and memory["temp"] > 0 and 0 < split["hbm_share"] < 0.01
+    assert split["flops"] > 0 and split["fusions"] > 0
+    # forward: after W^O of the encoder's self-attention and the decoder's two, and after each MLP's wo (1 layer)
+    assert _activation_all_reduces(split["hlo"], ROWS // 2) >= 3 + 2
+    assert aot.refusal("train", split) is None
+    data_only = aot.compile_programs(_tiny(), target, 4, 1, programs=("train",), devices=devices, keep_hlo=True)["train"]
+    assert _activation_all_reduces(data_only["hlo"], ROWS // 4) == 0
+    assert data_only["collectives"]["all-reduce"] < split["collectives"]["all-reduce"]
+
+
+@needs_libtpu
+def test_a_model_no_chip_holds_is_refused_in_one_line():
+    config = _tiny()  # a million-piece vocabulary at d_model 2048: 8 GiB of embedding, its logits 8 GiB more
+    config.model.d_model, config.data.vocab_size = 2048, 2**20
+    with pytest.raises(aot.DoesNotFit, match=r"^the train step needs \d+\.\d GiB a device \([^)]*\); a v5e has 16$"):
+        aot.compile_programs(config, aot.parse_target("tpu:v5e"), programs=("train",))
+
+
+def test_refusal_of_a_compiled_program_that_does_not_fit():
+    report = {"target": "tpu:v5e:1x1", "hbm_gib": 16, "memory_bytes": {"needed": int(18.3 * aot.GIB)}}
+    assert aot.refusal("train", report) == "the train step needs 18.3 GiB a device; a v5e has 16"
+    assert aot.refusal("train", {**report, "memory_bytes": {"needed": 15 * aot.GIB}}) is None
+
+
+def test_targets_are_parsed_or_refused_by_name():
+    assert aot.parse_target("tpu:v4:2x2x1").num_devices == 4 and aot.parse_target("tpu:v5e").topology == "1x1"
+    for bad in ("tpu:v9:2x2", "cuda:h100", "tpu:v5e:2x2x1", "tpu:v4:2x2"):
+        with pytest.raises(ValueError, match=re.escape(f"--target = {bad!r}")):
+            aot.parse_target(bad)
+
+
+def test_hlo_counts_fusions_outside_fusion_bodies_and_collectives():
+    hlo = """%fused_computation (p: f32[4]) -> f32[4] {
+  %inner = f32[4]{0} fusion(%p), kind=kLoop, calls=%nested
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %fusion = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  %ar = (f32[4]{0}, bf16[2,3]{1,0}) all-reduce(%fusion, %a), replica_groups={}
+  %cc = f32[4]{0} custom-call(%ar), custom_call_target="x"
+}
+"""
+    assert aot.hlo_counts(hlo) == {"fusions": 1, "custom_calls": 1}
+    assert aot.collectives(hlo)["all-reduce"] == (1, 16 + 12)

@@ -1,0 +1,291 @@
+"""Ahead-of-time compilation: a run's programs compiled for an accelerator this machine does not have.
+
+JAX compiles for TPUs it cannot reach: with the `libtpu` wheel installed (the `aot` extra),
+`jax.experimental.topologies.get_topology_desc` describes a TPU slice as compile-only devices. A
+`Mesh` over them, the train state and batch as `jax.ShapeDtypeStruct`s carrying the run's own
+shardings (`trainers.MeshTrainer`), and `jit(...).lower(...).compile()` give XLA's account of the
+program the run would execute: memory per device (`memory_analysis()`), FLOPs (`cost_analysis()`),
+and the optimised HLO (collectives, fusions, custom calls). Nothing is computed, and no corpus or
+tokenizer is loaded: the vocabulary is the config's `data.vocab_size`, the batch the config's
+training shape (`train_shape`).
+
+The model is built for the target (`training.config.model_config(..., platform=)`): its backend
+hooks and `model.dtype = "auto"` are chosen for the TPU, never for this host.
+
+Environment: libtpu reads `LIBTPU_ENVIRONMENT` when it loads (`compile_only_devices` sets each
+variable not already set): `TPU_SKIP_MDS_QUERY=1` (no metadata server off a TPU VM) and
+`ALLOW_MULTIPLE_LIBTPU_LOAD=1` (two processes compiling at once). A script should also start JAX
+with `JAX_PLATFORMS=cpu` (`bench.aot` does), so JAX does not try to open a TPU as its backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import Transformer
+from training import config as config_lib
+from training.core import step as step_lib
+from training.core.errors import RunRefused
+from training.data.batching import PACKING_FIELDS, Batch
+from training.evaluation import dev as dev_lib
+from training.parallel import sharding, trainers
+
+GIB = 2**30
+LIBTPU_ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator kind: its platform, memory a device (GiB) and how its topology is named."""
+
+    platform: str
+    name: str
+    hbm_gib: float
+    topology_rank: int  # 2: "2x2"; 3: "2x2x1"
+    chip_config_name: str | None = None  # "megacore": one device a chip (its two TensorCores as one)
+
+
+# HBM a chip, as Google Cloud's TPU system-architecture pages state it (cloud.google.com/tpu/docs/v4,
+# /v5e, /v5p, /v6e), read as GiB. v4 and v5p compile as megacore: one device is a whole chip.
+CHIPS = {
+    "v4": Chip("tpu", "v4", 32, 3, "megacore"),
+    "v5e": Chip("tpu", "v5e", 16, 2),
+    "v5p": Chip("tpu", "v5p", 95, 3, "megacore"),
+    "v6e": Chip("tpu", "v6e", 32, 2),
+}
+HBM_SOURCE = "Google Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e): HBM per chip"
+PROGRAMS = ("train", "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """`tpu:CHIP[:TOPOLOGY]`, e.g. tpu:v5e:2x2 (4 chips), tpu:v4:2x2x1; the topology defaults to one chip."""
+
+    chip: Chip
+    topology: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.chip.platform}:{self.chip.name}:{self.topology}"
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod([int(n) for n in self.topology.split("x")]))
+
+
+def parse_target(text: str) -> Target:
+    """'tpu:v5e:2x2' -> Target; ValueError naming --target, the value and what is expected."""
+    parts = text.split(":") if isinstance(text, str) else []
+    expected = f"'tpu:CHIP[:TOPOLOGY]' with CHIP one of {tuple(CHIPS)}, e.g. tpu:v5e:2x2 or tpu:v4:2x2x1"
+    if len(parts) not in (2, 3) or parts[0] != "tpu" or parts[1] not in CHIPS:
+        raise ValueError(f"--target = {text!r}; expected {expected}")
+    chip = CHIPS[parts[1]]
+    topology = parts[2] if len(parts) == 3 else "x".join("1" * chip.topology_rank)
+    dims = topology.split("x")
+    if len(dims) != chip.topology_rank or not all(d.isdigit() and int(d) > 0 for d in dims):
+        shape = "x".join(["N"] * chip.topology_rank)
+        raise ValueError(f"--target = {text!r}: topology {topology!r}; a {chip.name} slice is named {shape} (chips a side)")
+    return Target(chip, topology)
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """'2,2' -> (data 2, model 2); ValueError naming --mesh otherwise."""
+    try:
+        data, model = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--mesh = {text!r}; expected DATA,MODEL as two ints (-1: the rest), e.g. 2,2") from None
+    return data, model
+
+
+def has_libtpu() -> bool:
+    """Whether the `libtpu` wheel (the `aot` extra) is installed: TPU targets need it."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def compile_only_devices(target: Target) -> list:
+    """The target's devices, for compiling only (`jax.experimental.topologies`)."""
+    if not has_libtpu():
+        raise ValueError(f"--target = {target.name!r} needs the libtpu wheel: pip install -c requirements.lock -e '.[aot]'")
+    from jax.experimental import topologies
+
+    for name, value in LIBTPU_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    kwargs = {"chip_config_name": target.chip.chip_config_name} if target.chip.chip_config_name else {}
+    return list(topologies.get_topology_desc(topology_name=f"{target.chip.name}:{target.topology}", platform="tpu",
+                                             **kwargs).devices)
+
+
+def train_shape(config, data_shards: int = 1) -> tuple[int, int]:
+    """(rows, length) of the config's largest training batch, rows padded to a multiple of `data_shards` as
+    `sharding.put_batch` pads them: packed rows of `data.pack_length`, else the longest bucket."""
+    length = config.data.pack_length or max(config.data.bucket_lengths)
+    rows = max(1, config.data.token_budget // length)
+    return -(-rows // data_shards) * data_shards, length
+
+
+def eval_shape_of(config) -> tuple[int, int]:
+    """(rows, length) of the config's longest dev batch (`batching.dev_batches`)."""
+    length = max(config.eval.get("lengths", ()) or config.data.bucket_lengths)
+    return max(1, config.data.token_budget // length), length
+
+
+class DoesNotFit(RunRefused):
+    """A program that needs more memory a device than the target's chip has; the message is one line."""
+
+
+# XLA's TPU compiler refuses a program whose buffers cannot fit: "... the total memory required for HLO
+# temporaries (16.11G) exceeds available HBM (15.75G)"
+_OOM = re.compile(r"required for (?P<what>[^(]*?) \((?P<need>[\d.]+)G\) exceeds available HBM \((?P<have>[\d.]+)G\)")
+
+
+def _compile(program: str, target: Target, fn, *args) -> tuple[object, float, float]:
+    """(compiled, lower seconds, compile seconds); `DoesNotFit` where XLA refuses it for memory."""
+    start = time.perf_counter()
+    lowered = fn.lower(*args)
+    lowered_at = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        found = _OOM.search(str(error))
+        need = f"{float(found['need']):.1f} GiB a device ({found['what']} alone; XLA's TPU compiler counts " \
+               f"{float(found['have']):g} GiB usable)" if found else "more memory a device than it has (XLA's TPU compiler)"
+        raise DoesNotFit(f"{PROGRAM_NAMES[program]} needs {need}; a {target.chip.name} has {target.chip.hbm_gib:g}") from None
+    return compiled, lowered_at - start, time.perf_counter() - lowered_at
+
+
+def compile_programs(config, target: Target, data: int = -1, model: int = 1, rows: int | None = None,
+                     programs: tuple[str, ...] = PROGRAMS, devices=None, keep_hlo: bool = False) -> dict:
+    """Compile `programs` of `config` for `target` over a (data, model) mesh; {program: `program_report`}.
+
+    rows: the global training batch's rows (None: the config's, `train_shape`). The train step is the
+    run's own (`MeshTrainer.step_fn`, state donated); the eval step (`dev.eval_step_fn`) runs as the
+    run does, on one device with unsharded parameters. keep_hlo: each report also holds the compiled
+    module's text ("hlo").
+    """
+    unknown = [p for p in programs if p not in PROGRAMS]
+    if unknown:
+        raise ValueError(f"--programs = {','.join(programs)!r}; expected some of {PROGRAMS}")
+    config = copy.deepcopy(config)
+    config.parallelism = "jit"
+    config.mesh.data, config.mesh.model = data, model
+    config_lib.validate(config)
+    devices = compile_only_devices(target) if devices is None else devices
+    platform = target.chip.platform
+    net = Transformer(config_lib.model_config(config, config.data.vocab_size, platform=platform))
+    tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
+    trainer = trainers.make_trainer(config, net, tx, devices)
+    data_shards = trainer.mesh.shape[sharding.DATA]
+    default_rows, length = train_shape(config, data_shards)
+    rows = default_rows if rows is None else -(-rows // data_shards) * data_shards
+    packed = bool(config.data.pack_length)
+    zeros = np.zeros((rows, length), np.int32)
+    batch = Batch(zeros, zeros, zeros, zeros.astype(np.float32), *([zeros] * 4 if packed else []))
+    state = trainer.abstract_state(jax.random.key(0), batch)
+    reports = {}
+    key_type = jax.random.key(0).dtype
+    if "train" in programs:
+        spec = _batch_spec(rows, length, packed, sharding.batch_sharding(trainer.mesh))
+        rng = jax.ShapeDtypeStruct((), key_type, sharding=sharding.replicated(trainer.mesh))
+        compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, rng)
+        reports["train"] = program_report(compiled, lower_s, compile_s, target, devices=len(devices),
+                                          mesh=dict(trainer.mesh.shape), batch=[rows, length], keep_hlo=keep_hlo)
+    if "eval" in programs:
+        one = jax.sharding.SingleDeviceSharding(devices[0])
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), state.params)
+        eval_rows, eval_length = eval_shape_of(config)
+        spec = _batch_spec(eval_rows, eval_length, False, one)
+        compiled, lower_s, compile_s = _compile("eval", target, dev_lib.eval_step_fn(net), params, spec)
+        reports["eval"] = program_report(compiled, lower_s, compile_s, target, devices=1, mesh={},
+                                         batch=[eval_rows, eval_length], keep_hlo=keep_hlo)
+    return reports
+
+
+def _batch_spec(rows: int, length: int, packed: bool, where) -> dict:
+    """The step's batch as `ShapeDtypeStruct`s [rows, length] placed by `where` (`batching.as_arrays`' fields)."""
+    names = ("src", "tgt_in", "tgt_out", "weights", *(PACKING_FIELDS if packed else ()))
+    return {name: jax.ShapeDtypeStruct((rows, length), jnp.float32 if name == "weights" else jnp.int32, sharding=where)
+            for name in names}
+
+
+def program_report(compiled, lower_s: float, compile_s: float, target: Target, keep_hlo: bool = False, **extra) -> dict:
+    """Per device: memory (bytes, and the share of the chip's HBM), FLOPs, collectives, fusions, custom calls; seconds.
+
+    memory_bytes["needed"] = argument + output - alias (a donated state is its output's buffer) + temp
+    + generated code: what the program holds in a device's HBM while it runs.
+    """
+    memory = compiled.memory_analysis()
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+              "generated_code_size_in_bytes")
+    mem = {f.removesuffix("_size_in_bytes"): int(getattr(memory, f)) for f in fields}
+    mem["needed"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["generated_code"]
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    flops = float(cost["flops"]) if cost and "flops" in cost else None
+    hlo = compiled.as_text()
+    return {"target": target.name, **extra, "memory_bytes": mem, "hbm_gib": target.chip.hbm_gib,
+            "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB), "flops": flops,
+            "collectives": {op: n for op, (n, _) in collectives(hlo).items()},
+            "collective_bytes": {op: b for op, (_, b) in collectives(hlo).items()},
+            **hlo_counts(hlo), "lower_s": lower_s, "compile_s": compile_s, **({"hlo": hlo} if keep_hlo else {})}
+
+
+PROGRAM_NAMES = {"train": "the train step", "eval": "the eval step"}
+
+
+def refusal(program: str, report: dict) -> str | None:
+    """One line if the compiled program does not fit a device of its target ("the train step needs 18.3 GiB a device;
+    a v5e has 16"), else None."""
+    needed = report["memory_bytes"]["needed"] / GIB
+    if needed <= report["hbm_gib"]:
+        return None
+    chip = report["target"].split(":")[1]
+    return f"{PROGRAM_NAMES.get(program, program)} needs {needed:.1f} GiB a device; a {chip} has {report['hbm_gib']:g}"
+
+
+# --- the compiled HLO's text -----------------------------------------------------------------------------
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+               "f64": 8, "s64": 8, "u64": 8}
+# `%name = <result type> op(`; async pairs count once, at their -start (whose result tuple also holds the operand)
+_OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>[\w.\-]+) .*\{\s*$")
+_FUSION = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+fusion\(.*?calls=%(?P<body>[\w.\-]+)")
+_CUSTOM_CALL = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+custom-call\(")
+
+
+def collectives(hlo: str) -> dict[str, tuple[int, int]]:
+    """{op: (count, result bytes a device)} over a compiled module's text."""
+    found = {op: [0, 0] for op in COLLECTIVES}
+    for match in _OP.finditer(hlo):
+        nbytes = sum(DTYPE_BYTES.get(m["dtype"], 4) * int(np.prod([int(d) for d in m["dims"].split(",") if d]))
+                     for m in _SHAPE.finditer(match["type"]))
+        found[match["op"]][0] += 1
+        found[match["op"]][1] += nbytes
+    return {op: tuple(v) for op, v in found.items()}
+
+
+def hlo_counts(hlo: str) -> dict[str, int]:
+    """{"fusions": kernels made of fused ops, "custom_calls": ...} in a compiled module's text; fusions nested
+    inside another fusion's body are not counted (they are part of its kernel)."""
+    bodies, fusions, current = set(), {}, None
+    for line in hlo.splitlines():
+        if (match := _COMPUTATION.match(line)) is not None:
+            current = match["name"]
+        elif current is not None and (match := _FUSION.search(line)) is not None:
+            bodies.add(match["body"])
+            fusions[current] = fusions.get(current, 0) + 1
+    return {"fusions": sum(n for name, n in fusions.items() if name not in bodies),
+            "custom_calls": len(_CUSTOM_CALL.findall(hlo))}
