@@ -34,14 +34,29 @@ def write_atomic(path: str | Path, content: str | bytes) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """The records of a JSON-lines file; a line cut off mid-record (a kill or a full disk) is dropped with a warning."""
+    """The records of a metrics JSON-lines file: each line a JSON object with an int `step`.
+
+    A line that is not whole JSON (a write cut off by a kill or a full disk) is dropped with a warning, as is a last
+    line that is not UTF-8 (cut inside a character); any other line that is not UTF-8, or JSON that is not such a
+    record, is a ValueError naming the file and the line.
+    """
     path = Path(path)
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
+    lines = path.read_bytes().split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
+        torn = number == len(lines)  # no newline after it: the write may have been cut off
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            logging.warning("%s line %d is not a whole JSON record (a write cut off?); dropped: %.60r", path, number, line)
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            if torn or isinstance(error, json.JSONDecodeError):
+                logging.warning("%s line %d is not a whole JSON record (a write cut off?); dropped: %.60r", path, number, raw)
+                continue
+            raise ValueError(f"{path} line {number} is not UTF-8 text ({error}); expected one JSON object a line "
+                             "(restore the file, or move it aside)") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
+            got = f"a JSON {type(record).__name__}" if not isinstance(record, dict) else f"an object without an int 'step' ({raw[:60]!r})"
+            raise ValueError(f"{path} line {number} holds {got}; expected a metrics record, a JSON object with an int 'step'")
+        records.append(record)
     return records
