@@ -13,6 +13,7 @@ from absl import app, flags, logging
 
 from training import config as config_lib
 from training.core import compile_cache, errors
+from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 
@@ -49,6 +50,8 @@ def main(argv):
     if saved.exists():  # else load_run's own check names what is missing
         compile_cache.enable(config_lib.load_saved(saved).compilation_cache_dir)
     run = load_run(f.workdir)
+    if not f.input:
+        corpus.check_split(run.config, f.split, "--split")
     print(f"eval.py: scoring step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
     if f.input:
         n = evaluate.translate_file(f.workdir, f.input, f.output, f.beam_size, run=run)
