@@ -65,6 +65,14 @@ class Checkpoints:
         )
 
     def save(self, step: int, state) -> None:
+        try:
+            self._save(step, state)
+        except Exception as error:  # a full disk or read-only mount: one error naming the step's folder
+            if refusal := files.naming(error, Path(self.latest.directory) / str(step)):
+                raise refusal from error
+            raise
+
+    def _save(self, step: int, state) -> None:
         if step not in self.latest.all_steps():
             self.latest.save(step, args=ocp.args.StandardSave(state))
             self.latest.wait_until_finished()
@@ -75,6 +83,14 @@ class Checkpoints:
                     self.latest.delete(old)
 
     def save_if_best(self, step: int, state, dev_loss: float) -> None:
+        try:
+            self._save_if_best(step, state, dev_loss)
+        except Exception as error:
+            if refusal := files.naming(error, Path(self.best.directory) / str(step)):
+                raise refusal from error
+            raise
+
+    def _save_if_best(self, step: int, state, dev_loss: float) -> None:
         if self.best.save(step, args=ocp.args.StandardSave(state), metrics={"dev_loss": dev_loss}):
             self.best.wait_until_finished()
             _write_checksums(self.best, step, state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -20,7 +21,12 @@ def write_atomic(path: str | Path, content: str | bytes) -> None:
     any number of processes may write one target at once, and the last rename wins whole.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        if refusal := naming(error, path):
+            raise refusal from error
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_UMASK)
@@ -28,9 +34,27 @@ def write_atomic(path: str | Path, content: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(tmp)
+        if refusal := naming(error, path):  # a write() on a full disk names no file
+            raise refusal from error
         raise
+
+
+# The file system refusing a write: a full disk or quota, a read-only mount, no permission.
+REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def naming(error: BaseException, path: str | Path) -> OSError | None:
+    """The file system's refusal in `error`'s chain (a library such as orbax may wrap it) as an OSError naming `path`
+    (what the user frees or makes writable), or None if the chain holds no such refusal."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in REFUSALS:
+            return OSError(error.errno, f"{os.strerror(error.errno)} (writing it)", str(path))
+        error = error.__cause__ or error.__context__ or next((a for a in error.args if isinstance(a, BaseException)), None)
+    return None
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
