@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -45,14 +46,21 @@ def write_atomic(path: str | Path, content: str | bytes) -> None:
 REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+def refusal_code(text: str) -> int | None:
+    """The errno in a message of tensorstore's (orbax's writer), "... [os_error_code='28']", if it is a refusal."""
+    match = re.search(r"os_error_code='?(\d+)", text)
+    return int(match.group(1)) if match and int(match.group(1)) in REFUSALS else None
+
+
 def naming(error: BaseException, path: str | Path) -> OSError | None:
     """The file system's refusal in `error`'s chain (a library such as orbax may wrap it) as an OSError naming `path`
     (what the user frees or makes writable), or None if the chain holds no such refusal."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in REFUSALS:
-            return OSError(error.errno, f"{os.strerror(error.errno)} (writing it)", str(path))
+        code = error.errno if isinstance(error, OSError) else refusal_code(str(error))
+        if code in REFUSALS:
+            return OSError(code, f"{os.strerror(code)} (writing it)", str(path))
         error = error.__cause__ or error.__context__ or next((a for a in error.args if isinstance(a, BaseException)), None)
     return None
 

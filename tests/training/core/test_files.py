@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from training import checkpoints
-from training.core import errors as user_errors, files
+from training.core import errors as user_errors, files, lock
 from training.core.metrics import MetricsWriter
 
 
@@ -122,3 +122,27 @@ def test_an_error_that_is_not_the_file_system_passes_unchanged(tmp_path, monkeyp
     monkeypatch.setattr(files.os, "fsync", lambda fd: (_ for _ in ()).throw(ValueError("mine")))
     with pytest.raises(ValueError, match="mine"):
         files.write_atomic(tmp_path / "x", "y")
+
+
+def test_a_full_disk_taking_the_lock_at_start_names_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setattr(lock.os, "fsync", _full_disk)
+    with pytest.raises(OSError) as raised:
+        lock.claim(tmp_path / "train.lock")
+    assert user_errors.one_line(raised.value) == f"{tmp_path / 'train.lock'}: No space left on device (writing it)"
+
+
+def test_orbax_reporting_a_full_disk_in_its_own_words_is_named_and_not_logged(tmp_path, monkeypatch, caplog):
+    """tensorstore's refusal reaches the save as a ValueError with the errno in its text; orbax logs it from its threads."""
+    ckpts = checkpoints.Checkpoints(tmp_path, keep=2)
+    message = "RESOURCE_EXHAUSTED: Error writing local file 'x': No space left on device [os_error_code='28']"
+
+    def refused(*args, **kwargs):
+        checkpoints.logging.getLogger("absl").handle(checkpoints.logging.LogRecord(
+            "absl", checkpoints.logging.ERROR, "/site-packages/orbax/checkpoint/future.py", 1, message, (), None))
+        raise ValueError(message)
+
+    monkeypatch.setattr(ckpts.latest, "save", refused)
+    with caplog.at_level("INFO"), pytest.raises(OSError) as raised:
+        ckpts.save(5, {"w": jnp.ones(3)})
+    assert user_errors.one_line(raised.value) == f"{tmp_path / 'checkpoints' / '5'}: No space left on device (writing it)"
+    assert "RESOURCE_EXHAUSTED" not in caplog.text
