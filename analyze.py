@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
-from training.core import errors
+from training.core import compile_cache, errors
 from training.data import corpus
 
 
@@ -28,6 +28,9 @@ def main(argv=None):
         sub.add_argument("--workdir", required=True, help="a train.py workdir")
         sub.add_argument("--split", default="val", help="the split the sentences come from")
         sub.add_argument("--examples", type=int, default=examples, help=f"first N sentences of --split (0: all; default {examples})")
+        sub.add_argument("--compilation_cache_dir", default="auto", help="JAX's persistent compilation cache for this command: "
+                         "'auto' (JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a "
+                         "path; never the compilation_cache_dir in the workdir's config.json")
         return sub
 
     sub = command("maps", "attention heatmaps for one sentence", 0)
@@ -63,7 +66,8 @@ def main(argv=None):
         if Path(args.workdir).exists() else Path(args.workdir)
     if Path(args.workdir).exists() and not os.access(out_parent, os.W_OK | os.X_OK):  # up front, not after the work
         raise ValueError(f"--workdir {args.workdir}: {out_parent} is not writable; analyze.py writes to WORKDIR/analysis/")
-    run = workdir.load(args.workdir)
+    cache = compile_cache.enable(args.compilation_cache_dir, "--compilation_cache_dir")
+    run = workdir.load(args.workdir, cache)
     for flag in ("split", "test_split"):
         if getattr(args, flag, ""):
             corpus.check_split(run.config, getattr(args, flag), f"--{flag}")

@@ -103,6 +103,7 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     new_config.log_every_steps = max(1, min(config.log_every_steps, steps))
     new_config.eval.bleu_examples = bleu_examples
     new_config.max_train_seconds = 0.0
+    new_config.compilation_cache_dir = jax.config.jax_compilation_cache_dir or ""  # this process's (analyze.py's flag), not the source's
     new_model = config_lib.build_model(new_config, vocab)
     tokens = jnp.ones((1, 2), jnp.int32)
     fresh = new_model.init(jax.random.key(seed), tokens, tokens)["params"]
