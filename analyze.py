@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
-from training.core import errors
+from training.core import compile_cache, errors
+from training.data import corpus
 
 
 def main(argv=None):
@@ -27,6 +28,9 @@ def main(argv=None):
         sub.add_argument("--workdir", required=True, help="a train.py workdir")
         sub.add_argument("--split", default="val", help="the split the sentences come from")
         sub.add_argument("--examples", type=int, default=examples, help=f"first N sentences of --split (0: all; default {examples})")
+        sub.add_argument("--compilation_cache_dir", default="auto", help="JAX's persistent compilation cache for this command: "
+                         "'auto' (JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a "
+                         "path; never the compilation_cache_dir in the workdir's config.json")
         return sub
 
     sub = command("maps", "attention heatmaps for one sentence", 0)
@@ -53,6 +57,7 @@ def main(argv=None):
     sub.add_argument("--speed_rows", type=int, default=64, help="sentences in the decode-speed batch")
     sub.add_argument("--overwrite", action="store_true", help="replace existing uptraining workdirs")
     args = parser.parse_args(argv)
+    check_arguments(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # progress: the training loop, pruning steps
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -61,13 +66,20 @@ def main(argv=None):
         if Path(args.workdir).exists() else Path(args.workdir)
     if Path(args.workdir).exists() and not os.access(out_parent, os.W_OK | os.X_OK):  # up front, not after the work
         raise ValueError(f"--workdir {args.workdir}: {out_parent} is not writable; analyze.py writes to WORKDIR/analysis/")
-    run = workdir.load(args.workdir)
+    cache = compile_cache.enable(args.compilation_cache_dir, "--compilation_cache_dir")
+    run = workdir.load(args.workdir, cache)
+    for flag in ("split", "test_split"):
+        if getattr(args, flag, ""):
+            corpus.check_split(run.config, getattr(args, flag), f"--{flag}")
     print(f"analyze.py: step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
     out = run.out_dir
     if args.command == "maps":
-        if args.sentence:
+        if args.sentence is not None:
             sentence, prefix = args.sentence, "maps_sentence"
         else:
+            pairs = len(corpus.load_corpus(run.config, args.split))
+            if args.index >= pairs:
+                raise ValueError(f"--index {args.index}; expected an index below {pairs}, the pairs in --split {args.split!r}")
             sentence, prefix = workdir.dev_subset(run.config, args.split, 1, args.index).src[0], f"maps_{args.split}{args.index}"
         for path in maps.render(run, sentence, out, prefix):
             print(path)
@@ -110,6 +122,26 @@ def main(argv=None):
         name = f"uptrain_table_kv{args.num_kv_heads}_{'-'.join(args.methods.split(','))}"
         tables.write(rows, uptrain.TABLE_FIELDS, out / f"{name}.csv", out / f"{name}.md")
         print((out / f"{name}.md").read_text())
+
+
+# Each numeric flag's lowest value (a subcommand without the flag skips it) and what it means.
+AT_LEAST = {"examples": (0, "0: all"), "index": (0, "a sentence of --split"), "eval_examples": (1, "sentences scored"),
+            "beam_size": (1, "1: greedy"), "steps": (1, "pruning steps"), "test_examples": (0, "0: all"),
+            "num_kv_heads": (1, "K/V heads")}
+
+
+def check_arguments(args) -> None:
+    """ValueError naming the first flag whose value cannot work (before the workdir is loaded)."""
+    for flag, (least, meaning) in AT_LEAST.items():
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            raise ValueError(f"--{flag} {value}; expected an int >= {least} ({meaning})")
+    if getattr(args, "sentence", None) is not None and not args.sentence.strip():
+        raise ValueError("--sentence is empty; expected a source sentence (or leave it out to use --index of --split)")
+    for flag, low, high in (("test_fraction", 0, 1), ("fraction", 0, None)):
+        value = getattr(args, flag, None)
+        if value is not None and not (value > low and (high is None or value <= high)):
+            raise ValueError(f"--{flag} {value}; expected a number > {low}" + (f" and <= {high}" if high else ""))
 
 
 if __name__ == "__main__":

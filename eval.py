@@ -1,4 +1,5 @@
-"""Evaluate or use a trained model; it reads the workdir and writes only the translations.
+"""Evaluate or use a trained model; it reads the run in the workdir and writes only the translations
+(WORKDIR/hypotheses.SPLIT.beamK.txt unless --hypotheses PATH, or --output with --input).
 
     python eval.py --workdir runs/default [--split test_2016_flickr] [--beam_size 4] [--hypotheses PATH]
     python eval.py --workdir runs/default --input sentences.de --output sentences.en
@@ -11,17 +12,20 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from training import config as config_lib
 from training.core import compile_cache, errors
+from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 
-flags.DEFINE_string("workdir", None, "a train.py workdir (only read)")
+flags.DEFINE_string("workdir", None, "a train.py workdir (its run only read; the default --hypotheses is written into it)")
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")
 flags.DEFINE_integer("beam_size", 4, "beam size (1 = greedy)")
 flags.DEFINE_string("hypotheses", None, "where to write the split's translations (default WORKDIR/hypotheses.SPLIT.beamK.txt)")
 flags.DEFINE_string("input", None, "translate this text file (one sentence per line) instead")
 flags.DEFINE_string("output", None, "where to write the translations of --input")
+flags.DEFINE_string("compilation_cache_dir", "auto", "JAX's persistent compilation cache for this command: 'auto' "
+                    "(JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a path; "
+                    "never the compilation_cache_dir in the workdir's config.json")
 flags.mark_flag_as_required("workdir")
 
 
@@ -45,10 +49,10 @@ def main(argv):
     else:
         hypotheses = Path(f.hypotheses) if f.hypotheses else evaluate.hypotheses_path(f.workdir, f.split, f.beam_size)
         check_writable(hypotheses, "--hypotheses", "" if f.hypotheses else ": pass --hypotheses PATH to write them elsewhere")
-    saved = Path(f.workdir) / "config.json"
-    if saved.exists():  # else load_run's own check names what is missing
-        compile_cache.enable(config_lib.load_saved(saved).compilation_cache_dir)
-    run = load_run(f.workdir)
+    cache = compile_cache.enable(f.compilation_cache_dir, "--compilation_cache_dir")
+    run = load_run(f.workdir, cache)
+    if not f.input:
+        corpus.check_split(run.config, f.split, "--split")
     print(f"eval.py: scoring step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
     if f.input:
         n = evaluate.translate_file(f.workdir, f.input, f.output, f.beam_size, run=run)

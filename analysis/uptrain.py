@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from analysis import workdir as workdir_lib
 from training import checkpoints, config as config_lib
-from training.core import step as step_lib
+from training.core import files, step as step_lib
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 from training.run import loop
@@ -103,6 +103,7 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     new_config.log_every_steps = max(1, min(config.log_every_steps, steps))
     new_config.eval.bleu_examples = bleu_examples
     new_config.max_train_seconds = 0.0
+    new_config.compilation_cache_dir = jax.config.jax_compilation_cache_dir or ""  # this process's (analyze.py's flag), not the source's
     new_model = config_lib.build_model(new_config, vocab)
     tokens = jnp.ones((1, 2), jnp.int32)
     fresh = new_model.init(jax.random.key(seed), tokens, tokens)["params"]
@@ -117,6 +118,8 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     out_ckpts = checkpoints.Checkpoints(out_dir, new_config.keep_checkpoints)
     out_ckpts.save(start, converted)  # train_and_evaluate resumes from here
     out_ckpts.close()
+    # the config the converted checkpoint belongs to: a workdir with checkpoints but no config.json is refused
+    files.write_atomic(out_dir / "config.json", new_config.to_json_best_effort(indent=2))
     loop.train_and_evaluate(new_config, out_dir)
     trained = load_run(out_dir)
     return converted.params, new_config, trained.model, trained.params, steps

@@ -31,9 +31,9 @@ class Run:
         return path
 
 
-def load(workdir: str | Path) -> Run:
-    """The workdir's best checkpoint (else its latest), as `eval.py` loads it."""
-    loaded = load_run(workdir)
+def load(workdir: str | Path, cache: Path | None = None) -> Run:
+    """The workdir's best checkpoint (else its latest), as `eval.py` loads it (cache: `load_run`'s)."""
+    loaded = load_run(workdir, cache)
     return Run(loaded.config, loaded.vocab, loaded.model, loaded.params, loaded.step, workdir=Path(workdir), checkpoint=loaded.checkpoint)
 
 

@@ -70,7 +70,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.eval = ml_collections.ConfigDict()
     config.eval.bleu_examples = 500  # dev sentences translated for the periodic BLEU (0: all)
-    config.eval.beam_size = 4  # eval.py's default beam
     config.eval.alpha = 0.6  # length penalty exponent
     config.eval.max_extra_length = 50  # output length limit = source length + this
     config.eval.lengths = ()  # fixed lengths dev batches and decoded sources are padded to, one compile each (): the buckets
@@ -88,17 +87,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.distributed.process_id = -1  # -1: from the environment
 
     for key, value in _parse(arg).items():
-        if key == "h":
-            config.model.num_heads = int(value)
-        elif key == "kv":
-            config.model.num_kv_heads = int(value)
-        else:
-            raise ValueError(f"configs/default.py takes arguments h=<heads>,kv=<kv heads>, got {key!r}")
+        if key not in ARGUMENTS:
+            raise ValueError(f"configs/default.py:{arg}: unknown argument {key!r}; expected h=<heads>,kv=<kv heads>")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"configs/default.py:{arg}: {key} ({ARGUMENTS[key]}) = {value!r}; expected a positive int")
+        section, field = ARGUMENTS[key].split(".")
+        config[section][field] = int(value)
     return config
+
+
+ARGUMENTS = {"h": "model.num_heads", "kv": "model.num_kv_heads"}  # the config file's arguments and the fields they set
 
 
 def _parse(arg):
     pairs = [p for p in (arg or "").split(",") if p]
     if any("=" not in p for p in pairs):
-        raise ValueError(f"config arguments are key=value pairs separated by commas, got {arg!r}")
+        raise ValueError(f"configs/default.py:{arg}: expected key=value pairs separated by commas, such as h=8,kv=2")
     return dict(p.split("=", 1) for p in pairs)

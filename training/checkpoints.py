@@ -18,6 +18,7 @@ When every step is damaged there is nothing to resume from: `NoIntactCheckpoint`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -65,6 +66,15 @@ class Checkpoints:
         )
 
     def save(self, step: int, state) -> None:
+        try:
+            with _quiet_refusals():
+                self._save(step, state)
+        except Exception as error:  # a full disk or read-only mount: one error naming the step's folder
+            if refusal := files.naming(error, Path(self.latest.directory) / str(step)):
+                raise refusal from error
+            raise
+
+    def _save(self, step: int, state) -> None:
         if step not in self.latest.all_steps():
             self.latest.save(step, args=ocp.args.StandardSave(state))
             self.latest.wait_until_finished()
@@ -75,6 +85,15 @@ class Checkpoints:
                     self.latest.delete(old)
 
     def save_if_best(self, step: int, state, dev_loss: float) -> None:
+        try:
+            with _quiet_refusals():
+                self._save_if_best(step, state, dev_loss)
+        except Exception as error:
+            if refusal := files.naming(error, Path(self.best.directory) / str(step)):
+                raise refusal from error
+            raise
+
+    def _save_if_best(self, step: int, state, dev_loss: float) -> None:
         if self.best.save(step, args=ocp.args.StandardSave(state), metrics={"dev_loss": dev_loss}):
             self.best.wait_until_finished()
             _write_checksums(self.best, step, state)
@@ -209,6 +228,27 @@ def _arrays(tree) -> dict[str, tuple[tuple[int, ...], str]]:
     """{dotted name: (shape, dtype)} of a tree's array leaves."""
     return {_path_name(path): (tuple(leaf.shape), str(leaf.dtype))
             for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
+
+
+class _RefusalFilter(logging.Filter):
+    """Drops orbax's logged tracebacks of a file-system refusal: the save raises it once, naming the step's folder."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname or record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage() + "".join(str(e) for e in (record.exc_info or ())[1:2])
+        return files.refusal_code(text) is None and "No space left" not in text and "Read-only file system" not in text
+
+
+@contextlib.contextmanager
+def _quiet_refusals():
+    quiet = _RefusalFilter()
+    logger = logging.getLogger("absl")  # orbax logs through absl's logger, from its save threads too
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _saved_arrays(manager, step: int) -> dict[str, tuple[tuple[int, ...], str]]:

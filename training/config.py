@@ -78,6 +78,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _require("model.dtype", config.model.dtype, config.model.dtype in DTYPE_SETTINGS, f"one of {DTYPE_SETTINGS}")
     _require("model.matmul", config.model.matmul, config.model.matmul in backends.MATMULS, f"one of {backends.MATMULS}")
     _require("optimizer.schedule", config.optimizer.schedule, config.optimizer.schedule in step_lib.SCHEDULES, f"one of {step_lib.SCHEDULES}")
+    _require("seed", config.seed, _count(config.seed) and config.seed < 2**32, "an int in [0, 2**32) (SentencePiece's and the batches' seed)")
+    buckets = config.data.bucket_lengths
+    _require("data.bucket_lengths", buckets, isinstance(buckets, (tuple, list)) and len(buckets) > 0
+             and all(_count(n) and n >= 2 for n in buckets), "a tuple of ints >= 2, such as (16, 32, 64)")
     _check_knobs(config)
     try:  # the model's own checks, reported under the config's field names
         _model_fields(config, config.data.vocab_size)
@@ -91,6 +95,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         lang = config.data[field]
         _require(f"data.{field}", lang, lang in languages, f"one of {languages} for {config.data.dataset}")
     _require("data.tgt", config.data.tgt, config.data.tgt != config.data.src, "different from data.src")
+    for field in ("train_split", "eval_split"):
+        corpus.check_split(config, config.data[field], f"config.data.{field}")
     for field in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
         value = config[field]
         _require(field, value, isinstance(value, int) and value > 0, "a positive int")

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 
 import pytest
 import sacrebleu
@@ -90,3 +91,24 @@ def test_uptrain(workdir):
     assert sorted(p.name for p in (up / "checkpoints").iterdir() if p.name.isdigit()) == ["20", "22"]
     with pytest.raises(FileExistsError):
         analyze.main(args)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["prune", "--steps", "0"], "--steps 0; expected an int >= 1"),  # was a ZeroDivisionError
+    (["roles", "--examples", "-1"], "--examples -1; expected an int >= 0"),
+    (["maps", "--sentence", ""], "--sentence is empty"),  # was translated as --index 0 of --split
+    (["maps", "--index", "-2"], "--index -2; expected an int >= 0"),
+    (["uptrain", "--num_kv_heads", "2", "--fraction", "0"], "--fraction 0.0; expected a number > 0"),
+])
+def test_a_bad_flag_is_named_before_the_workdir_is_read(tmp_path, argv, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        analyze.main([*argv, "--workdir", str(tmp_path / "nowhere")])
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["maps", "--index", "99999"], "--index 99999; expected an index below 1014, the pairs in --split 'val'"),
+    (["roles", "--split", "vall"], "--split = 'vall'; expected one of Multi30k's splits"),
+])
+def test_a_flag_the_workdir_cannot_serve_is_named(workdir, argv, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        analyze.main([*argv, "--workdir", str(workdir)])

@@ -101,3 +101,32 @@ def test_options_are_written_as_the_text_they_are_read_from():
     options = {"num_features": 16, "share_kv": True, "alpha_init": 1.5, "kernel": "relu", "seed": None}
     assert config_lib.parse_options(config_lib.format_options(options)) == options
     assert config_lib.format_options({}) == ""
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("seed", -1, "config.seed = -1; expected an int in [0, 2**32)"),  # was SentencePiece's TypeError
+    ("data.bucket_lengths", ("(64",), "config.data.bucket_lengths = ('(64',); expected a tuple of ints >= 2"),  # '--config.data.bucket_lengths=(64'
+    ("data.eval_split", "bogus", "config.data.eval_split = 'bogus'; expected one of Multi30k's splits"),
+    ("data.train_split", "tain", "config.data.train_split = 'tain'; expected one of Multi30k's splits"),
+])
+def test_a_bad_value_is_refused_naming_its_field(field, value, named):
+    config = default.get_config()
+    section, _, name = field.rpartition(".")
+    (config[section] if section else config)[name] = value
+    with pytest.raises(ValueError, match=re.escape(named)):
+        config_lib.validate(config)
+
+
+@pytest.mark.parametrize("arg, named", [
+    ("h=abc", "configs/default.py:h=abc: h (model.num_heads) = 'abc'; expected a positive int"),
+    ("kv=0", "configs/default.py:kv=0: kv (model.num_kv_heads) = '0'; expected a positive int"),
+    ("foo=1", "configs/default.py:foo=1: unknown argument 'foo'"),
+    ("h8", "configs/default.py:h8: expected key=value pairs"),
+])
+def test_a_bad_config_argument_names_itself(arg, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        default.get_config(arg)
+
+
+def test_the_config_holds_no_field_nothing_reads():
+    assert "beam_size" not in default.get_config().eval  # eval.py's --beam_size decides the beam

@@ -42,18 +42,21 @@ def check_setting(setting) -> None:
         raise ValueError(f"config.compilation_cache_dir = {setting!r}; expected 'auto', '' (no cache) or a directory path")
 
 
-def enable(setting: str) -> Path | None:
-    """Use the cache `setting` names for every compile from now on, in this process; returns its directory."""
+def enable(setting: str, name: str = "config.compilation_cache_dir") -> Path | None:
+    """Use the cache `setting` names for every compile from now on, in this process; returns its directory.
+
+    name: where the setting came from, for the error (eval.py and analyze.py pass their --compilation_cache_dir).
+    """
     directory = cache_dir(setting)
     if directory is None:
-        logging.info("persistent compilation cache: off (config.compilation_cache_dir '')")
+        logging.info("persistent compilation cache: off (%s '')", name)
         return None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PermissionError(13, "not writable", str(directory))
     except OSError as error:
-        raise ValueError(f"config.compilation_cache_dir = {setting!r}: {directory} cannot be used "
+        raise ValueError(f"{name} = {setting!r}: {directory} cannot be used "
                          f"({error.strerror or error}); expected a writable directory, or '' for no cache") from None
     if jax.config.jax_compilation_cache_dir != str(directory):
         compilation_cache.set_cache_dir(str(directory))

@@ -24,6 +24,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+from training.core import files
+
 
 class DirectoryInUse(RuntimeError):
     """Another live process holds the directory's lock (or its holder cannot be checked from here)."""
@@ -152,6 +154,10 @@ def _write(lock: Path, text: str, replace: bool) -> None:
             os.replace(tmp, lock)
         else:
             os.link(tmp, lock)  # exclusive: FileExistsError if another process (outside the guard) made one
+    except OSError as error:  # a full disk at start: named, as the lock is the first file a run writes
+        if refusal := files.naming(error, lock):
+            raise refusal from error
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

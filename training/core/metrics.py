@@ -31,8 +31,13 @@ class MetricsWriter:
         """`record` holds `step` and scalars; `split` (if present) prefixes the TensorBoard tags."""
         if not self.enabled:
             return
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
+        try:
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
+        except OSError as error:  # a full disk: one error naming the file
+            if refusal := files.naming(error, self.jsonl.name):
+                raise refusal from error
+            raise
         prefix = record.get("split", "train")
         for name, value in record.items():
             if name not in ("step", "split") and isinstance(value, (int, float)):

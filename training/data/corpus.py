@@ -37,6 +37,12 @@ def default_multi30k_dir() -> Path:
     return Path.home() / ".cache" / "headcount" / "multi30k"
 
 
+def check_split(config, split: str, name: str) -> None:
+    """ValueError naming `name` (a flag or config field) unless `split` is one of Multi30k's (tfds names are left to tfds)."""
+    if config.data.dataset == "multi30k" and split not in MULTI30K_SPLITS:
+        raise ValueError(f"{name} = {split!r}; expected one of Multi30k's splits {MULTI30K_SPLITS}")
+
+
 def load_multi30k(data_dir: str | Path, split: str, src: str, tgt: str, *, download: bool = True) -> Corpus:
     """Read `{split}.{src}.gz` / `{split}.{tgt}.gz` from `data_dir`, fetching missing files first."""
     if split not in MULTI30K_SPLITS:

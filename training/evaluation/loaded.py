@@ -11,7 +11,7 @@ import sentencepiece as spm
 
 from models import Transformer
 from training import checkpoints, config as config_lib
-from training.core import compile_cache, precision, step as step_lib
+from training.core import precision, step as step_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,12 @@ class LoadedRun:
     checkpoint: Path | None = None
 
 
-def load_run(workdir: str | Path) -> LoadedRun:
-    """The run in `workdir`, best checkpoint first (else the latest); reading it writes nothing there."""
+def load_run(workdir: str | Path, cache: Path | None = None) -> LoadedRun:
+    """The run in `workdir`, best checkpoint first (else the latest); reading it writes nothing there.
+
+    cache: the caller's compilation cache (where an 'auto' dtype's check is kept), never the one the workdir's
+    config.json names: a workdir from elsewhere does not choose where this process reads compiled programs from.
+    """
     workdir = Path(workdir)
     for name in ("config.json", "spm.model"):
         if not (workdir / name).exists():
@@ -36,7 +40,7 @@ def load_run(workdir: str | Path) -> LoadedRun:
     config.data.bucket_lengths = tuple(config.data.bucket_lengths)
     vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
     # the dtype the run trained in (WORKDIR/run_info.json), not this machine's 'auto' verdict
-    dtype, _ = precision.run_dtype(config.model.dtype, workdir, compile_cache.cache_dir(config.compilation_cache_dir),
+    dtype, _ = precision.run_dtype(config.model.dtype, workdir, cache,
                                    matmul=config.model.matmul)
     model = config_lib.build_model(config, vocab, dtype)
     abstract = step_lib.abstract_state(model, config)

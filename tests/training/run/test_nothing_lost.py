@@ -370,6 +370,23 @@ def test_eval_reads_a_damaged_workdir_in_use_without_writing_and_says_which_step
 
 
 @pytest.mark.slow
+def test_readers_take_no_compilation_cache_from_the_workdirs_config(trained, tmp_path):
+    """A received workdir's config.json named where eval.py created a folder and loaded compiled programs from."""
+    workdir = copy_of(trained, tmp_path)
+    saved = json.loads((workdir / "config.json").read_text())
+    saved["compilation_cache_dir"] = str(tmp_path / "planted")
+    (workdir / "config.json").write_text(json.dumps(saved))
+    (tmp_path / "in.de").write_text("ein Hund\n")
+    translated = eval_py(workdir, f"--input={tmp_path / 'in.de'}", f"--output={tmp_path / 'out.en'}",
+                         f"--compilation_cache_dir={tmp_path / 'mine'}")
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert not (tmp_path / "planted").exists() and (tmp_path / "mine").is_dir()
+    analyzed = run_cli("analyze.py", "maps", f"--workdir={workdir}", "--sentence=ein Hund", "--compilation_cache_dir=")
+    assert analyzed.returncode == 0, analyzed.stderr[-3000:]
+    assert not (tmp_path / "planted").exists() and (workdir / "analysis" / "maps_sentence_encoder_self.png").exists()
+
+
+@pytest.mark.slow
 def test_eval_refuses_an_unwritable_hypotheses_path_before_scoring(trained, tmp_path):
     started = time.monotonic()
     line = one_line_error(eval_py(trained, "--split=val", f"--hypotheses={tmp_path / 'missing' / 'h.txt'}"))
