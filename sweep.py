@@ -27,7 +27,7 @@ if "--plan" in sys.argv:  # read when JAX is imported: a plan compiles for its -
 from absl import app, flags  # noqa: E402
 
 from training.core import errors, logs  # noqa: E402
-from training.parallel import aot  # noqa: E402
+from training.run import aot  # noqa: E402
 from sweeps import launch, plan, study, sweep, tables as sweep_tables  # noqa: E402
 
 flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")

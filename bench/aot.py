@@ -7,7 +7,7 @@
 --target tpu:CHIP[:TOPOLOGY] (CHIP: v4, v5e, v5p, v6e; TOPOLOGY chips a side, one chip by default);
 --mesh DATA,MODEL (default: every device on data). The train step (the run's own `MeshTrainer.step_fn`,
 over the mesh) and the eval step (one device, as a run evaluates) are compiled at the config's
-shapes (`training.parallel.aot`): per device, argument / output / temp memory and what the program
+shapes (`training.run.aot`): per device, argument / output / temp memory and what the program
 needs in all, its share of the chip's HBM, FLOPs (XLA's cost analysis), collectives by kind,
 fusions and custom calls, and the seconds to lower and compile on this CPU. A program that does
 not fit is refused in one line on stderr (exit status 1) after the table and JSON are written.
@@ -28,7 +28,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from bench.lib import releases  # noqa: E402
 from training.core import errors  # noqa: E402
-from training.parallel import aot  # noqa: E402
+from training.run import aot  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
 flags.DEFINE_string("target", None, "tpu:CHIP[:TOPOLOGY], e.g. tpu:v5e:2x2, tpu:v4:2x2x1, tpu:v6e")

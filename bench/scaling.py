@@ -30,7 +30,7 @@ from configs import default
 from models import Transformer
 from training import config as config_lib
 from training.parallel import trainers
-from training.parallel.aot import collectives
+from training.run.aot import collectives
 from training.core import step as step_lib
 
 def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"):

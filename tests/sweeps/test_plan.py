@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sweeps import plan, sweep
-from training.parallel import aot
+from training.run import aot
 
 TINY = Path(__file__).with_name("tiny_sweep.py")
 

@@ -1,4 +1,4 @@
-"""A tiny model's programs compiled for a TPU slice on this CPU (`training.parallel.aot`, libtpu's compile-only devices).
+"""A tiny model's programs compiled for a TPU slice on this CPU (`training.run.aot`, libtpu's compile-only devices).
 
 On a v5e 2x2 as (data 2, model 2) the train step compiles, reports its memory a device, and has
 all-reduces of activations [rows / data, L, d_model] where the model axis splits the heads (after
@@ -12,7 +12,7 @@ import re
 import pytest
 
 from configs import default
-from training.parallel import aot
+from training.run import aot
 
 needs_libtpu = pytest.mark.skipif(not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'")
 D_MODEL, ROWS, LENGTH = 64, 32, 64
