@@ -104,26 +104,26 @@ def main():
 
     print("\n| round | workload | dtype | variant | speed | variant / as chosen |")
     print("|---:|---|---|---|---:|---:|")
-    ratios = {key: [] for key in sides}
-    speeds_of = {key: [] for key in sides}
+    speeds = {key: [] for key in sides}  # per round, in `order`'s keys
+    ratio = lambda key, r: speeds[key][r] / speeds[(*key[:2], "as chosen")][r]  # noqa: E731
     order = list(sides)
     for r in range(args.rounds):
-        speeds = {key: measure(key) for key in (order if r % 2 == 0 else order[::-1])}
+        for key in order if r % 2 == 0 else order[::-1]:
+            speeds[key].append(measure(key))
         for key in order:
-            base = speeds[(*key[:2], "as chosen")]
-            ratios[key].append(speeds[key] / base)
-            speeds_of[key].append(speeds[key])
             unit = "useful tok/s" if key[0] == "train" else "batches/s"
-            print(f"| {r + 1} | {key[0]} | {key[1]} | {key[2]} | {speeds[key]:,.2f} {unit} | {ratios[key][-1]:.3f} |", flush=True)
+            print(f"| {r + 1} | {key[0]} | {key[1]} | {key[2]} | {speeds[key][r]:,.2f} {unit} | {ratio(key, r):.3f} |", flush=True)
     print("\n| workload | dtype | variant | variant / as chosen, median (each round) |")
     print("|---|---|---|---:|")
-    for key, each in ratios.items():
+    for key in order:
         if key[2] != "as chosen":
+            each = [ratio(key, r) for r in range(args.rounds)]
             print(f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)}) |")
     if {"float32", "bfloat16"} <= set(args.dtypes) and "train" in args.workloads:  # the check's verdict, end to end
-        each = [b / f for f, b in zip(speeds_of[("train", "float32", "as chosen")], speeds_of[("train", "bfloat16", "as chosen")])]
+        each = [b / f for f, b in zip(speeds["train", "float32", "as chosen"], speeds["train", "bfloat16", "as chosen"])]
         print(f"\ntrain step as chosen, bfloat16 / float32 useful tok/s: **{statistics.median(each):.3f}** "
               f"({', '.join(f'{x:.3f}' for x in each)}); 'auto' picked {verdict['dtype']}")
+
 
 if __name__ == "__main__":
     main()
