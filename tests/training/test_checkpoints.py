@@ -67,6 +67,15 @@ def test_a_checkpoint_of_other_shapes_is_a_config_mismatch_not_damage(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
 
 
+def reopened_latest(workdir):
+    """(state, step) that a fresh `Checkpoints` over `workdir` restores as the latest intact one."""
+    ckpts = checkpoints.Checkpoints(workdir, keep=3)
+    try:
+        return ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
+    finally:
+        ckpts.close()
+
+
 def test_a_checkpoint_without_its_checksums_is_not_restored_unchecked(tmp_path):
     ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
     ckpts.save(1, state(1))
@@ -74,9 +83,7 @@ def test_a_checkpoint_without_its_checksums_is_not_restored_unchecked(tmp_path):
     ckpts.close()
     (tmp_path / "checkpoints" / "2" / checkpoints.CHECKSUM_FILE).unlink()  # a kill between the save and its checksums
     corrupt_largest_file(tmp_path / "checkpoints" / "2")
-    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
-    restored, step = ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
-    ckpts.close()
+    restored, step = reopened_latest(tmp_path)
     assert step == 1
     np.testing.assert_array_equal(restored["w"], state(1)["w"])
     assert (tmp_path / "checkpoints" / checkpoints.DAMAGED / "2").is_dir()
@@ -88,9 +95,7 @@ def test_an_intact_best_state_is_used_when_every_latest_checkpoint_is_damaged(tm
     ckpts.save_if_best(2, state(2), 1.5)
     ckpts.close()
     corrupt_largest_file(tmp_path / "checkpoints" / "2")
-    ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
-    restored, step = ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
-    ckpts.close()
+    restored, step = reopened_latest(tmp_path)
     assert step == 2
     np.testing.assert_array_equal(restored["w"], state(2)["w"])
 
