@@ -1,10 +1,13 @@
-"""Compile a config's programs for a TPU this machine does not have, and say whether they fit: no TPU needed.
+"""Compile a config's programs for a TPU or GPU this machine does not have, and say whether they fit.
 
-    pip install -c requirements.lock -e ".[aot]"       # libtpu, pinned to the locked jax
+    pip install -c requirements.lock -e ".[aot]"       # libtpu and the CUDA plugin, pinned to the locked jax
     python -m bench.aot --config configs/default.py --target tpu:v5e:2x2 --mesh 2,2
     python -m bench.aot --config configs/base.py --config.model.dtype=bfloat16 --target tpu:v5e --json aot.json
+    python -m bench.aot --config configs/base.py --target cuda:h100 --programs train
 
---target tpu:CHIP[:TOPOLOGY] (CHIP: v4, v5e, v5p, v6e; TOPOLOGY chips a side, one chip by default);
+--target tpu:CHIP[:TOPOLOGY] (CHIP: v4, v5e, v5p, v6e; TOPOLOGY chips a side, one chip by default) or
+cuda:GPU[:COUNT] (GPU: h100, h200; GPU targets also need CUDA's ptxas and nvlink on the PATH, and
+their figures are the program before autotuning: training/run/aot.py says what that route cannot show);
 --mesh DATA,MODEL (default: every device on data). The train step (the run's own `MeshTrainer.step_fn`,
 over the mesh) and the eval step (one device, as a run evaluates) are compiled at the config's
 shapes (`training.run.aot`): per device, argument / output / temp memory and what the program
@@ -31,7 +34,7 @@ from training.core import errors  # noqa: E402
 from training.run import aot  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
-flags.DEFINE_string("target", None, "tpu:CHIP[:TOPOLOGY], e.g. tpu:v5e:2x2, tpu:v4:2x2x1, tpu:v6e")
+flags.DEFINE_string("target", None, "tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e:2x2, tpu:v4:2x2x1, cuda:h100")
 flags.DEFINE_string("mesh", "-1,1", "DATA,MODEL shards of the train step's mesh (-1: the rest of the devices)")
 flags.DEFINE_integer("rows", None, "the global training batch's rows (default: the config's, token_budget // length)")
 flags.DEFINE_string("programs", ",".join(aot.PROGRAMS), f"which programs to compile, some of {aot.PROGRAMS}")
@@ -65,8 +68,9 @@ def main(argv):
     programs = tuple(p for p in flags.FLAGS.programs.split(",") if p)
     config = flags.FLAGS.config
     reports = aot.compile_programs(config, target, data, model, rows=flags.FLAGS.rows, programs=programs)
-    header = (f"{target.name}: {target.num_devices} device(s), {target.chip.hbm_gib:g} GiB HBM each ({aot.HBM_SOURCE}); "
-              f"compiled on this CPU, libtpu {_libtpu_version()}{releases()}")
+    compiler = "libtpu" if target.chip.platform == "tpu" else "jax-cuda13-plugin"
+    header = (f"{target.name}: {target.num_devices} device(s), {target.chip.hbm_gib:g} GiB HBM each "
+              f"({aot.HBM_SOURCES[target.chip.platform]}); compiled on this CPU, {compiler} {_version(compiler)}{releases()}")
     print(header)
     print(table(reports))
     if flags.FLAGS.json:
@@ -76,11 +80,11 @@ def main(argv):
         raise errors.RunRefused("; ".join(refused))
 
 
-def _libtpu_version() -> str:
+def _version(distribution: str) -> str:
     from importlib import metadata  # noqa: PLC0415
 
     try:
-        return metadata.version("libtpu")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "absent"
 

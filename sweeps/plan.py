@@ -1,10 +1,11 @@
 """A sweep planned before it is booked: every point's train step compiled for a target, nothing trained.
 
-`plan` compiles each value of a sweep config (one seed: seeds share every shape) for a TPU target with
-`training.run.aot` and reports, per point, the memory a device needs, its share of the chip, the
+`plan` compiles each value of a sweep config (one seed: seeds share every shape) for a TPU or GPU target
+with `training.run.aot` and reports, per point, the memory a device needs, its share of the chip, the
 FLOPs of one step, and how many points one device could hold at once: `floor(0.95 * HBM / needs)`,
 the 95 % the local launcher splits between `--points_per_device` processes (`sweep.slot_environments`;
-that launcher shares GPUs and CPUs, so on a TPU the figure says what memory allows, not a flag to pass).
+that launcher shares GPUs and CPUs: on a GPU the figure is the flag to pass, on a TPU it says what memory
+allows, not a flag to pass).
 """
 
 from __future__ import annotations

@@ -1,6 +1,14 @@
 """Test-wide JAX settings: fail on implicit rank promotion, as nanodo does; compile for speed of compiling."""
 
 import os
+from pathlib import Path
+
+# The aot extra installs libtpu and the CUDA plugin, and JAX opens every platform it finds when it starts:
+# on a machine with neither accelerator each try prints errors (the CUDA plugin a traceback) into the
+# stderr that the CLI tests read. Where no NVIDIA or TPU device file exists, the suite (and its
+# subprocesses) runs on the CPU it would fall back to anyway; on a GPU or TPU machine JAX chooses as usual.
+if not any(Path(device).exists() for device in ("/dev/nvidiactl", "/dev/accel0", "/dev/vfio/0")):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The suite's programs are tiny, so its time is compiling them: LLVM's -O0 cuts the default suite's CPU
 # time by about a quarter (660 s -> 476 s on one core). Set before JAX makes its CPU client; subprocesses

@@ -1,7 +1,10 @@
 """Ahead-of-time compilation: a run's programs compiled for an accelerator this machine does not have.
 
-JAX compiles for TPUs it cannot reach: with the `libtpu` wheel installed (the `aot` extra),
-`jax.experimental.topologies.get_topology_desc` describes a TPU slice as compile-only devices. A
+JAX compiles for TPUs and NVIDIA GPUs it cannot reach. With the `libtpu` wheel installed (the `aot`
+extra), `jax.experimental.topologies.get_topology_desc` describes a TPU slice as compile-only
+devices; with the CUDA plugin (`jax-cuda13-plugin` and `jax-cuda13-pjrt`, also the `aot` extra) and
+CUDA's `ptxas` / `nvlink` on the PATH, it describes GPUs from XLA's target config of the card
+(gpu_targets/, each file naming its source), and XLA compiles for them "deviceless". A
 `Mesh` over them, the train state and batch as `jax.ShapeDtypeStruct`s carrying the run's own
 shardings (`trainers.MeshTrainer`), and `jit(...).lower(...).compile()` give XLA's account of the
 program the run would execute: memory per device (`memory_analysis()`), FLOPs (`cost_analysis()`),
@@ -11,6 +14,12 @@ training shape (`train_shape`).
 
 The model is built for the target (`training.config.model_config(..., platform=)`): its backend
 hooks and `model.dtype = "auto"` are chosen for the TPU, never for this host.
+
+What the GPU route cannot say: XLA's GPU compiler without a device skips autotuning (each matmul
+becomes a Triton fusion with default tiles), cuDNN's fused attention cannot compile without a
+driver, and the compiled program has no cost analysis: its FLOPs are XLA:CPU's count of the
+unoptimised module, divided by the devices (`Program.flops`). Read a GPU figure from here as
+the program XLA would run before autotuning.
 
 Environment: libtpu reads `LIBTPU_ENVIRONMENT` when it loads (`compile_only_devices` sets each
 variable not already set): `TPU_SKIP_MDS_QUERY=1` (no metadata server off a TPU VM) and
@@ -25,7 +34,9 @@ import dataclasses
 import importlib.util
 import os
 import re
+import shutil
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +61,18 @@ class Chip:
     platform: str
     name: str
     hbm_gib: float
-    topology_rank: int  # 2: "2x2"; 3: "2x2x1"
+    topology_rank: int  # TPU: 2 ("2x2") or 3 ("2x2x1"); GPU: 1 (a count of GPUs)
     chip_config_name: str | None = None  # "megacore": one device a chip (its two TensorCores as one)
+    target_config: str | None = None  # a GPU's XLA target config, a file in gpu_targets/
+
+
+GPU_TARGETS = Path(__file__).parent / "gpu_targets"
+
+
+def _gpu(name: str, target_config: str) -> Chip:
+    """A GPU whose memory is its target config's `device_memory_size` (read as GiB)."""
+    found = re.search(r"device_memory_size:\s*(\d+)", (GPU_TARGETS / target_config).read_text())
+    return Chip("cuda", name, round(int(found[1]) / GIB, 1), 1, target_config=target_config)
 
 
 # HBM a chip, as Google Cloud's TPU system-architecture pages state it (cloud.google.com/tpu/docs/v4,
@@ -61,14 +82,20 @@ CHIPS = {
     "v5e": Chip("tpu", "v5e", 16, 2),
     "v5p": Chip("tpu", "v5p", 95, 3, "megacore"),
     "v6e": Chip("tpu", "v6e", 32, 2),
+    "h100": _gpu("h100", "h100_sxm.txtpb"),
+    "h200": _gpu("h200", "h200.txtpb"),
 }
-HBM_SOURCE = "Google Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e): HBM per chip"
+HBM_SOURCES = {
+    "tpu": "Google Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e): HBM per chip",
+    "cuda": "XLA's GPU target config (training/run/gpu_targets/): device_memory_size",
+}
 PROGRAMS = ("train", "eval")
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """`tpu:CHIP[:TOPOLOGY]`, e.g. tpu:v5e:2x2 (4 chips), tpu:v4:2x2x1; the topology defaults to one chip."""
+    """`tpu:CHIP[:TOPOLOGY]` (tpu:v5e:2x2 is 4 chips, tpu:v4:2x2x1) or `cuda:GPU[:COUNT]` (cuda:h100,
+    cuda:h200:8); one chip by default."""
 
     chip: Chip
     topology: str
@@ -83,17 +110,20 @@ class Target:
 
 
 def parse_target(text: str) -> Target:
-    """'tpu:v5e:2x2' -> Target; ValueError naming --target, the value and what is expected."""
+    """'tpu:v5e:2x2' or 'cuda:h100:8' -> Target; ValueError naming --target, the value and what is expected."""
     parts = text.split(":") if isinstance(text, str) else []
-    expected = f"'tpu:CHIP[:TOPOLOGY]' with CHIP one of {tuple(CHIPS)}, e.g. tpu:v5e:2x2 or tpu:v4:2x2x1"
-    if len(parts) not in (2, 3) or parts[0] != "tpu" or parts[1] not in CHIPS:
+    tpus = tuple(n for n, c in CHIPS.items() if c.platform == "tpu")
+    gpus = tuple(n for n, c in CHIPS.items() if c.platform == "cuda")
+    expected = (f"'tpu:CHIP[:TOPOLOGY]' with CHIP one of {tpus} (tpu:v5e:2x2, tpu:v4:2x2x1) or "
+                f"'cuda:GPU[:COUNT]' with GPU one of {gpus} (cuda:h100, cuda:h200:8)")
+    if len(parts) not in (2, 3) or parts[1] not in CHIPS or CHIPS[parts[1]].platform != parts[0]:
         raise ValueError(f"--target = {text!r}; expected {expected}")
     chip = CHIPS[parts[1]]
     topology = parts[2] if len(parts) == 3 else "x".join("1" * chip.topology_rank)
     dims = topology.split("x")
     if len(dims) != chip.topology_rank or not all(d.isdigit() and int(d) > 0 for d in dims):
-        shape = "x".join(["N"] * chip.topology_rank)
-        raise ValueError(f"--target = {text!r}: topology {topology!r}; a {chip.name} slice is named {shape} (chips a side)")
+        shape = "COUNT (GPUs)" if chip.platform == "cuda" else "x".join(["N"] * chip.topology_rank) + " (chips a side)"
+        raise ValueError(f"--target = {text!r}: topology {topology!r}; a {chip.name} target is named {shape}")
     return Target(chip, topology)
 
 
@@ -111,12 +141,25 @@ def has_libtpu() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+def has_cuda_compiler() -> bool:
+    """Whether GPU targets can compile here: the CUDA plugin (the `aot` extra) and CUDA's ptxas and nvlink."""
+    return (importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+            and all(shutil.which(tool) for tool in ("ptxas", "nvlink")))
+
+
 def compile_only_devices(target: Target) -> list:
     """The target's devices, for compiling only (`jax.experimental.topologies`)."""
-    if not has_libtpu():
-        raise ValueError(f"--target = {target.name!r} needs the libtpu wheel: pip install -c requirements.lock -e '.[aot]'")
     from jax.experimental import topologies
 
+    if target.chip.platform == "cuda":
+        if not has_cuda_compiler():
+            raise ValueError(f"--target = {target.name!r} needs the CUDA plugin (pip install -c requirements.lock -e "
+                             f"'.[aot]') and CUDA's ptxas and nvlink on the PATH (a CUDA toolkit, or pip's nvidia-cuda-nvcc)")
+        text = (GPU_TARGETS / target.chip.target_config).read_text()
+        return list(topologies.get_topology_desc(platform="cuda", target_config=text,
+                                                 topology=f"1x1x{target.num_devices}").devices)
+    if not has_libtpu():
+        raise ValueError(f"--target = {target.name!r} needs the libtpu wheel: pip install -c requirements.lock -e '.[aot]'")
     for name, value in LIBTPU_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     kwargs = {"chip_config_name": target.chip.chip_config_name} if target.chip.chip_config_name else {}
@@ -147,8 +190,23 @@ class DoesNotFit(RunRefused):
 _OOM = re.compile(r"required for (?P<what>[^(]*?) \((?P<need>[\d.]+)G\) exceeds available HBM \((?P<have>[\d.]+)G\)")
 
 
-def _compile(program: str, target: Target, fn, *args) -> tuple[object, float, float]:
-    """(compiled, lower seconds, compile seconds); `DoesNotFit` where XLA refuses it for memory."""
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A compiled program and its FLOPs a device: XLA's cost analysis of the compiled program where the
+    target's compiler gives one (TPU), else XLA:CPU's count of the unoptimised module over the devices (GPU)."""
+
+    compiled: object  # jax.stages.Compiled
+    flops: float | None
+
+    def memory_analysis(self):
+        return self.compiled.memory_analysis()
+
+    def as_text(self) -> str:
+        return self.compiled.as_text()
+
+
+def _compile(program: str, target: Target, fn, *args) -> tuple[Program, float, float]:
+    """(the compiled `Program`, lower seconds, compile seconds); `DoesNotFit` where XLA refuses it for memory."""
     start = time.perf_counter()
     lowered = fn.lower(*args)
     lowered_at = time.perf_counter()
@@ -161,7 +219,24 @@ def _compile(program: str, target: Target, fn, *args) -> tuple[object, float, fl
         need = f"{float(found['need']):.1f} GiB a device ({found['what']} alone; XLA's TPU compiler counts " \
                f"{float(found['have']):g} GiB usable)" if found else "more memory a device than it has (XLA's TPU compiler)"
         raise DoesNotFit(f"{PROGRAM_NAMES[program]} needs {need}; a {target.chip.name} has {target.chip.hbm_gib:g}") from None
-    return compiled, lowered_at - start, time.perf_counter() - lowered_at
+    compiled_at = time.perf_counter()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    flops = float(cost["flops"]) if cost and "flops" in cost else _unoptimised_flops(lowered, target.num_devices)
+    return Program(compiled, flops), lowered_at - start, compiled_at - lowered_at
+
+
+def _unoptimised_flops(lowered, devices: int) -> float | None:
+    """XLA:CPU's FLOP count of the lowered (global, unpartitioned, unoptimised) module, over `devices`; None where
+    this JAX does not offer it. jaxlib's module cost analysis is not public API: the lock pins the release."""
+    try:
+        from jax._src.lib import _jax  # noqa: PLC0415
+
+        module = lowered.compiler_ir("hlo").get_hlo_module()
+        cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+    except (ImportError, AttributeError, RuntimeError, TypeError):
+        return None
+    return float(cost["flops"]) / devices if "flops" in cost else None
 
 
 def compile_programs(config, target: Target, data: int = -1, model: int = 1, rows: int | None = None,
@@ -218,7 +293,7 @@ def _batch_spec(rows: int, length: int, packed: bool, where) -> dict:
             for name in names}
 
 
-def program_report(compiled, lower_s: float, compile_s: float, target: Target, keep_hlo: bool = False, **extra) -> dict:
+def program_report(compiled: Program, lower_s: float, compile_s: float, target: Target, keep_hlo: bool = False, **extra) -> dict:
     """Per device: memory (bytes, and the share of the chip's HBM), FLOPs, collectives, fusions, custom calls; seconds.
 
     memory_bytes["needed"] = argument + output - alias (a donated state is its output's buffer) + temp
@@ -229,12 +304,9 @@ def program_report(compiled, lower_s: float, compile_s: float, target: Target, k
               "generated_code_size_in_bytes")
     mem = {f.removesuffix("_size_in_bytes"): int(getattr(memory, f)) for f in fields}
     mem["needed"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["generated_code"]
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
-    flops = float(cost["flops"]) if cost and "flops" in cost else None
     hlo = compiled.as_text()
     return {"target": target.name, **extra, "memory_bytes": mem, "hbm_gib": target.chip.hbm_gib,
-            "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB), "flops": flops,
+            "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB), "flops": compiled.flops,
             "collectives": {op: n for op, (n, _) in collectives(hlo).items()},
             "collective_bytes": {op: b for op, (_, b) in collectives(hlo).items()},
             **hlo_counts(hlo), "lower_s": lower_s, "compile_s": compile_s, **({"hlo": hlo} if keep_hlo else {})}

@@ -4,7 +4,9 @@ On a v5e 2x2 as (data 2, model 2) the train step compiles, reports its memory a 
 all-reduces of activations [rows / data, L, d_model] where the model axis splits the heads (after
 W^O) and the MLP (after wo); with model = 1 it has none (only the gradients' all-reduce over data).
 A model no chip can hold is refused in one line. Skipped where the libtpu wheel (the `aot` extra)
-is absent; the target parsing and the HLO counting need no TPU.
+is absent; the target parsing and the HLO counting need no TPU. The same train step compiled
+for two H100s (the CUDA plugin's deviceless route) holds its all-reduces and no XLA:CPU barrier, and
+its FLOPs a device (XLA:CPU's count of the unoptimised module) agree with the dense layers' count.
 """
 
 import re
@@ -14,6 +16,7 @@ import pytest
 from configs import default
 from training.run import aot
 
+needs_cuda = pytest.mark.skipif(not aot.has_cuda_compiler(), reason="the CUDA plugin (the `aot` extra) or CUDA's ptxas / nvlink is absent")
 needs_libtpu = pytest.mark.skipif(not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'")
 D_MODEL, ROWS, LENGTH = 64, 32, 64
 
@@ -48,6 +51,21 @@ def test_tiny_train_step_on_a_v5e_slice_splits_heads_and_mlp_over_model():
     assert data_only["collectives"]["all-reduce"] < split["collectives"]["all-reduce"]
 
 
+@needs_cuda
+def test_tiny_train_step_on_two_gpus():
+    config = _tiny()
+    config.model.dtype = "auto"
+    report = aot.compile_programs(config, aot.parse_target("cuda:h100:2"), 2, 1, programs=("train",), keep_hlo=True)["train"]
+    assert report["mesh"] == {"data": 2, "model": 1} and report["memory_bytes"]["temp"] > 0
+    assert report["collectives"]["all-reduce"] > 0 and "opt-barrier" not in report["hlo"]
+    assert re.search(r"\bbf16\[", report["hlo"])  # 'auto' is bfloat16 for a GPU, not this host's choice
+    # forward 2 and backward 4 FLOPs a weight a token over the kernels (encoder, decoder, the logits' d_model x
+    # vocab), rows split over 2 GPUs: the dense layers' count, which attention and elementwise work exceed
+    d, mlp, vocab, tokens = D_MODEL, 128, 256, ROWS * LENGTH / 2
+    weights = 4 * d * d + 2 * d * mlp + 8 * d * d + 2 * d * mlp + d * vocab
+    assert 6 * weights * tokens < report["flops"] < 2 * 6 * weights * tokens
+
+
 @needs_libtpu
 def test_a_model_no_chip_holds_is_refused_in_one_line():
     config = _tiny()  # a million-piece vocabulary at d_model 2048: 8 GiB of embedding, its logits 8 GiB more
@@ -64,7 +82,10 @@ def test_refusal_of_a_compiled_program_that_does_not_fit():
 
 def test_targets_are_parsed_or_refused_by_name():
     assert aot.parse_target("tpu:v4:2x2x1").num_devices == 4 and aot.parse_target("tpu:v5e").topology == "1x1"
-    for bad in ("tpu:v9:2x2", "cuda:h100", "tpu:v5e:2x2x1", "tpu:v4:2x2"):
+    assert aot.parse_target("cuda:h200:8").num_devices == 8 and aot.parse_target("cuda:h100").num_devices == 1
+    # an H100 SXM's 80 GB (binary gigabytes of HBM3; the driver reports a little less usable), from its target config
+    assert aot.parse_target("cuda:h100").chip.hbm_gib == pytest.approx(80, rel=0.02)
+    for bad in ("tpu:v9:2x2", "cuda:v5e", "tpu:h100", "tpu:v5e:2x2x1", "tpu:v4:2x2", "cuda:h100:2x2", "cuda:h100:0"):
         with pytest.raises(ValueError, match=re.escape(f"--target = {bad!r}")):
             aot.parse_target(bad)
 
