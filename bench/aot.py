@@ -8,13 +8,15 @@
 --target tpu:CHIP[:TOPOLOGY] (CHIP: v4, v5e, v5p, v6e; TOPOLOGY chips a side, one chip by default) or
 cuda:GPU[:COUNT] (GPU: h100, h200; GPU targets also need CUDA's ptxas and nvlink on the PATH, and
 their figures are the program before autotuning: training/run/aot.py says what that route cannot show);
---mesh DATA,MODEL (default: every device on data). The train step (the run's own `MeshTrainer.step_fn`,
-over the mesh) and the eval step (one device, as a run evaluates) are compiled at the config's
-shapes (`training.run.aot`): per device, argument / output / temp memory and what the program
-needs in all, its share of the chip's HBM, FLOPs (XLA's cost analysis), collectives by kind,
-fusions and custom calls, and the seconds to lower and compile on this CPU. A program that does
-not fit is refused in one line on stderr (exit status 1) after the table and JSON are written.
-The model's hooks and `model.dtype = "auto"` are chosen for the target, never for this CPU.
+--mesh DATA,MODEL (default: every device on data); --programs some of train,eval,decode,beam (default:
+all four). The train step (the run's own `MeshTrainer.step_fn`, over the mesh), the eval step, one
+decode step (its KV cache at the full decode length) and the whole beam search (eval.py's beam size,
+4) are compiled at the config's shapes, the last three on one device as a run evaluates
+(`training.run.aot`): per device, argument / output / temp memory and what the program needs in
+all, its share of the chip's HBM, FLOPs (XLA's cost analysis), collectives by kind, fusions and
+custom calls, and the seconds to lower and compile on this CPU. A program that does not fit is
+refused in one line on stderr (exit status 1) after the table and JSON are written. The model's
+hooks and `model.dtype = "auto"` are chosen for the target, never for this CPU.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ MIB = 2**20
 
 def table(reports: dict) -> str:
     """The report as a Markdown table, one row a program (memory in MiB a device)."""
-    rows = ["memory in MiB a device; needs = argument + output - donated + temp + code", "",
+    rows = ["memory in MiB a device; needs = argument + output - donated + temp + code; batch: rows x length, "
+            "decode and beam: sources rows x length -> output tokens (the decode step's cache positions)", "",
             "| program | devices (mesh) | batch | argument | output | temp | code | needs | of HBM | GFLOP / device "
             "| collectives | fusions | custom calls | lower s | compile s |",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
@@ -55,7 +58,9 @@ def table(reports: dict) -> str:
         mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items()) or "unsharded"
         found = ", ".join(f"{op} {n}" for op, n in r["collectives"].items() if n) or "none"
         flops = "n/a" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}"
-        rows.append(f"| {name} | {r['devices']} ({mesh}) | {r['batch'][0]} x {r['batch'][1]} | {m['argument']:,.1f} "
+        batch = f"{r['batch'][0]} x {r['batch'][1]}" + (f" -> {r['max_len']}" if "max_len" in r else "") \
+            + (f", beam {r['beam_size']}" if "beam_size" in r else "")
+        rows.append(f"| {name} | {r['devices']} ({mesh}) | {batch} | {m['argument']:,.1f} "
                     f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} | {100 * r['hbm_share']:.1f} % "
                     f"| {flops} | {found} | {r['fusions']} | {r['custom_calls']} | {r['lower_s']:.1f} | {r['compile_s']:.1f} |")
     return "\n".join(rows)

@@ -10,7 +10,9 @@ shardings (`trainers.MeshTrainer`), and `jit(...).lower(...).compile()` give XLA
 program the run would execute: memory per device (`memory_analysis()`), FLOPs (`cost_analysis()`),
 and the optimised HLO (collectives, fusions, custom calls). Nothing is computed, and no corpus or
 tokenizer is loaded: the vocabulary is the config's `data.vocab_size`, the batch the config's
-training shape (`train_shape`).
+training shape (`train_shape`). Evaluation's programs are compiled too, for one device as it runs
+them: the eval step, one step of incremental decoding with its KV cache at the full decode length,
+and the whole beam search, at the config's longest decode (`decode_shape_of`).
 
 The model is built for the target (`training.config.model_config(..., platform=)`): its backend
 hooks and `model.dtype = "auto"` are chosen for the TPU, never for this host.
@@ -42,12 +44,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import Transformer
+from models import Transformer, decoding
 from training import config as config_lib
 from training.core import step as step_lib
 from training.core.errors import RunRefused
-from training.data.batching import PACKING_FIELDS, Batch
+from training.data.batching import PACKING_FIELDS, Batch, eval_lengths
 from training.evaluation import dev as dev_lib
+from training.evaluation import translate
 from training.parallel import sharding, trainers
 
 GIB = 2**30
@@ -89,7 +92,7 @@ HBM_SOURCES = {
     "tpu": "Google Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e): HBM per chip",
     "cuda": "XLA's GPU target config (training/run/gpu_targets/): device_memory_size",
 }
-PROGRAMS = ("train", "eval")
+PROGRAMS = ("train", "eval", "decode", "beam")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,9 +247,10 @@ def compile_programs(config, target: Target, data: int = -1, model: int = 1, row
     """Compile `programs` of `config` for `target` over a (data, model) mesh; {program: `program_report`}.
 
     rows: the global training batch's rows (None: the config's, `train_shape`). The train step is the
-    run's own (`MeshTrainer.step_fn`, state donated); the eval step (`dev.eval_step_fn`) runs as the
-    run does, on one device with unsharded parameters. keep_hlo: each report also holds the compiled
-    module's text ("hlo").
+    run's own (`MeshTrainer.step_fn`, state donated); the eval step (`dev.eval_step_fn`), the decode step
+    (`_decode_step_program`) and beam search (`_beam_program`) run as evaluation runs them, on one device
+    with unsharded parameters, at the config's longest decode (`decode_shape_of`). keep_hlo: each report
+    also holds the compiled module's text ("hlo").
     """
     unknown = [p for p in programs if p not in PROGRAMS]
     if unknown:
@@ -275,15 +279,70 @@ def compile_programs(config, target: Target, data: int = -1, model: int = 1, row
         compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, rng)
         reports["train"] = program_report(compiled, lower_s, compile_s, target, devices=len(devices),
                                           mesh=dict(trainer.mesh.shape), batch=[rows, length], keep_hlo=keep_hlo)
-    if "eval" in programs:
+    if set(programs) - {"train"}:  # evaluation's programs: one device, unsharded parameters
         one = jax.sharding.SingleDeviceSharding(devices[0])
-        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), state.params)
+        params = _placed(state.params, one)
+    if "eval" in programs:
         eval_rows, eval_length = eval_shape_of(config)
         spec = _batch_spec(eval_rows, eval_length, False, one)
         compiled, lower_s, compile_s = _compile("eval", target, dev_lib.eval_step_fn(net), params, spec)
         reports["eval"] = program_report(compiled, lower_s, compile_s, target, devices=1, mesh={},
                                          batch=[eval_rows, eval_length], keep_hlo=keep_hlo)
+    for program, build in (("decode", _decode_step_program), ("beam", _beam_program)):
+        if program in programs:
+            fn, args, shape = build(config, net, params, one)
+            compiled, lower_s, compile_s = _compile(program, target, fn, *args)
+            reports[program] = program_report(compiled, lower_s, compile_s, target, devices=1, mesh={}, **shape,
+                                              keep_hlo=keep_hlo)
     return reports
+
+
+BEAM_SIZE = 4  # eval.py's --beam_size default: the config names no beam size (`eval.beam_size` overrides it)
+
+
+def decode_shape_of(config, net) -> tuple[int, int, int]:
+    """(rows, source length, output length) of the config's longest decode batch, as `translate.translate`
+    pads it: `dev.ROWS` sources of the longest dev length (`eval_shape_of`), output capped at that length +
+    `eval.max_extra_length` and the model's max_len (with `eval.lengths`, the program's capacity)."""
+    _, length = eval_shape_of(config)
+    return dev_lib.ROWS, length, min(length + config.eval.max_extra_length, net.config.max_len)
+
+
+def _placed(tree, where):
+    """`tree`'s arrays as `ShapeDtypeStruct`s placed by `where`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where), tree)
+
+
+def _decode_step_program(config, net, params, where):
+    """One step of greedy decoding (`decoding._decode_step`, as `greedy_decode`'s loop runs it), its cache
+    at the full decode length T: (params, cache [rows, T, ...] donated, encoded [rows, Ls, d_model],
+    src [rows, Ls] int32, tokens [rows] int32) -> (log-probs [rows, vocab] float32, cache).
+
+    The decoder grows its cache through `decoding.cache_lengths` (16, 32, ..., T), one program of loops;
+    the step compiled here is its dearest, the last loop's at T positions. The cache is donated, as a
+    `while_loop` updates its state in place. Returns (jitted step, its arguments, report fields).
+    """
+    rows, src_length, max_len = decode_shape_of(config, net)
+    src = jax.ShapeDtypeStruct((rows, src_length), jnp.int32, sharding=where)
+    encoded = jax.eval_shape(lambda p, s: net.apply({"params": p}, s, method="encode"), params, src)
+    cache = jax.eval_shape(lambda p, e, s: decoding.init_cache(net, p, e, s, max_len), params, encoded, src)
+    tokens = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=where)
+    step = jax.jit(lambda p, c, e, s, t: decoding._decode_step(net, p, c, e, s, t), donate_argnums=1)
+    args = (params, _placed(cache, where), _placed(encoded, where), src, tokens)
+    return step, args, {"batch": [rows, src_length], "max_len": max_len}
+
+
+def _beam_program(config, net, params, where):
+    """The whole of beam search as evaluation runs it (`translate.decoder`: `decoding.beam_search`, its cache
+    grown through `cache_lengths`, early stop): (params, src [rows, Ls] int32[, limit [] int32 where
+    `eval.lengths` is set]) -> tokens [rows, T] int32; `BEAM_SIZE` beams a source, so rows x K cache rows.
+    Returns (jitted program, its arguments, report fields)."""
+    rows, src_length, max_len = decode_shape_of(config, net)
+    beam_size, limited = config.eval.get("beam_size", BEAM_SIZE), bool(eval_lengths(config))
+    fn = translate.decoder(net, beam_size, config.eval.alpha, max_len, limited=limited)
+    src = jax.ShapeDtypeStruct((rows, src_length), jnp.int32, sharding=where)
+    limit = (jax.ShapeDtypeStruct((), jnp.int32, sharding=where),) if limited else ()
+    return fn, (params, src, *limit), {"batch": [rows, src_length], "max_len": max_len, "beam_size": beam_size}
 
 
 def _batch_spec(rows: int, length: int, packed: bool, where) -> dict:
@@ -312,7 +371,7 @@ def program_report(compiled: Program, lower_s: float, compile_s: float, target: 
             **hlo_counts(hlo), "lower_s": lower_s, "compile_s": compile_s, **({"hlo": hlo} if keep_hlo else {})}
 
 
-PROGRAM_NAMES = {"train": "the train step", "eval": "the eval step"}
+PROGRAM_NAMES = {"train": "the train step", "eval": "the eval step", "decode": "the decode step", "beam": "beam search"}
 
 
 def refusal(program: str, report: dict) -> str | None:

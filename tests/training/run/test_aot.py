@@ -3,10 +3,12 @@
 On a v5e 2x2 as (data 2, model 2) the train step compiles, reports its memory a device, and has
 all-reduces of activations [rows / data, L, d_model] where the model axis splits the heads (after
 W^O) and the MLP (after wo); with model = 1 it has none (only the gradients' all-reduce over data).
-A model no chip can hold is refused in one line. Skipped where the libtpu wheel (the `aot` extra)
-is absent; the target parsing and the HLO counting need no TPU. The same train step compiled
-for two H100s (the CUDA plugin's deviceless route) holds its all-reduces and no XLA:CPU barrier, and
-its FLOPs a device (XLA:CPU's count of the unoptimised module) agree with the dense layers' count.
+A model no chip can hold is refused in one line. The decode step (its cache at the full decode
+length, donated) and the whole beam search (one `while` a cache length) compile for one v5e chip with
+no XLA:CPU barrier in them. Skipped where the libtpu wheel (the `aot` extra) is absent; the target
+parsing and the HLO counting need no TPU. The same train step compiled for two H100s (the CUDA
+plugin's deviceless route) holds its all-reduces and no XLA:CPU barrier, and its FLOPs a device
+(XLA:CPU's count of the unoptimised module) agree with the dense layers' count.
 """
 
 import re
@@ -14,17 +16,20 @@ import re
 import pytest
 
 from configs import default
+from models import decoding
+from training.evaluation import dev
 from training.run import aot
 
 needs_cuda = pytest.mark.skipif(not aot.has_cuda_compiler(), reason="the CUDA plugin (the `aot` extra) or CUDA's ptxas / nvlink is absent")
 needs_libtpu = pytest.mark.skipif(not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'")
-D_MODEL, ROWS, LENGTH = 64, 32, 64
+D_MODEL, ROWS, LENGTH, VOCAB = 64, 32, 64, 256
+BF16 = 2  # bytes: the model's compute dtype on a TPU (model.dtype "auto")
 
 
 def _tiny():
     config = default.get_config()
     config.model.update(num_layers=1, d_model=D_MODEL, mlp_dim=128, num_heads=4, dtype="auto")
-    config.data.update(vocab_size=256, token_budget=ROWS * LENGTH, pack_length=LENGTH)
+    config.data.update(vocab_size=VOCAB, token_budget=ROWS * LENGTH, pack_length=LENGTH)
     return config
 
 
@@ -74,10 +79,47 @@ def test_a_model_no_chip_holds_is_refused_in_one_line():
         aot.compile_programs(config, aot.parse_target("tpu:v5e"), programs=("train",))
 
 
+@needs_libtpu
+def test_tiny_decode_step_on_a_v5e_holds_its_cache_at_full_length_donated():
+    config = _tiny()
+    report = aot.compile_programs(config, aot.parse_target("tpu:v5e"), programs=("decode",), keep_hlo=True)["decode"]
+    src_length = max(config.data.bucket_lengths)  # 128: the longest dev batch
+    rows, max_len = dev.ROWS, src_length + config.eval.max_extra_length
+    assert report["batch"] == [rows, src_length] and report["max_len"] == max_len and report["devices"] == 1
+    # by hand: self-attention's keys and values at every output position, cross-attention's at every source position (1 layer)
+    cache = 2 * rows * (max_len + src_length) * D_MODEL * BF16
+    memory = report["memory_bytes"]
+    assert memory["argument"] >= cache + rows * src_length * D_MODEL * BF16  # + the encoded source
+    assert memory["alias"] >= cache and memory["output"] >= cache + rows * VOCAB * 4  # + log-probs, float32
+    # one token's matmuls: q, k, v, o of self-attention, q, o of cross, the MLP, scores and values over the
+    # cache and the source, the vocabulary projection; not the T tokens of the cache's initialising pass
+    matmuls = 2 * rows * (6 * D_MODEL**2 + 2 * D_MODEL * 128 + 2 * (max_len + src_length) * D_MODEL + D_MODEL * VOCAB)
+    assert matmuls <= report["flops"] < 2 * matmuls
+    assert 0 < report["hbm_share"] < 0.01 and "opt-barrier" not in report["hlo"]
+
+
+@needs_libtpu
+def test_tiny_beam_search_on_a_v5e_is_the_evaluations_grown_loop():
+    config = _tiny()  # a short decode, to compile fast: fixed lengths (translate.translate's limited program)
+    config.model.max_len, config.data.pack_length, config.eval.lengths = 24, 24, (24,)
+    report = aot.compile_programs(config, aot.parse_target("tpu:v5e"), programs=("beam",), keep_hlo=True)["beam"]
+    rows, max_len = dev.ROWS, 24  # sources of 24 tokens, 24 + 50 output tokens cut to the model's max_len
+    assert report["batch"] == [rows, 24] and report["max_len"] == max_len and report["beam_size"] == aot.BEAM_SIZE
+    memory = report["memory_bytes"]
+    assert memory["output"] >= rows * max_len * 4  # the best hypothesis' tokens, int32
+    assert memory["argument"] >= VOCAB * D_MODEL * 4 + rows * 24 * 4  # float32 embedding + the sources
+    # at least one step's vocabulary projection for every beam of every source
+    assert report["flops"] >= 2 * rows * aot.BEAM_SIZE * D_MODEL * VOCAB and memory["temp"] > 0
+    hlo = report["hlo"]
+    assert len(re.findall(r" while\(", hlo)) == len(decoding.cache_lengths(max_len)) == 2  # the cache at 16, then 24
+    assert "opt-barrier" not in hlo
+
+
 def test_refusal_of_a_compiled_program_that_does_not_fit():
     report = {"target": "tpu:v5e:1x1", "hbm_gib": 16, "memory_bytes": {"needed": int(18.3 * aot.GIB)}}
     assert aot.refusal("train", report) == "the train step needs 18.3 GiB a device; a v5e has 16"
     assert aot.refusal("train", {**report, "memory_bytes": {"needed": 15 * aot.GIB}}) is None
+    assert aot.refusal("beam", report) == "beam search needs 18.3 GiB a device; a v5e has 16"
 
 
 def test_targets_are_parsed_or_refused_by_name():
