@@ -15,6 +15,11 @@ batches. Prints one JSON line: median/min/max step seconds and slot tokens/s (ro
 Where `input_pipeline` (which pulls in tensorflow_text through tokenizer.py), tensorflow or clu
 cannot be imported, an empty module stands in for it (`bench.lib.import_flax_example`); the step
 never touches them. The JSON says which.
+
+With --target_config (an XLA GPU target config, e.g. training/run/gpu_targets/h100_sxm.txtpb) nothing
+runs: the same `train_step` is compiled for one such GPU on this CPU (the CUDA plugin's deviceless
+route), over a one-device mesh named as the example's pmap axis ("batch"), the state donated, and its
+optimised HLO is written to --hlo_out; the JSON line holds the compile's memory analysis.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ def main():
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--label", default="")
     p.add_argument("--profile_dir", default="", help="after timing, trace 3 steps with the JAX profiler into this folder")
+    p.add_argument("--target_config", default="", help="compile for this GPU target config instead of running (see above)")
+    p.add_argument("--hlo_out", default="", help="with --target_config: write the compiled HLO text here")
     args = p.parse_args()
 
     (train, models, default), stubbed = import_flax_example(args.wmt_dir, ("train", "models", "configs.default"))
@@ -118,6 +125,8 @@ def main():
         bias_init=nn.initializers.normal(stddev=1e-6),
     )
     eval_config = train_config.replace(deterministic=True)
+    if args.target_config:
+        return compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, stubbed)
     rng = jax.random.key(cfg.seed)
     rng, init_rng = jax.random.split(rng)
     shape = (rows, PEER_LENGTH)
@@ -172,6 +181,57 @@ def main():
         slot_tok_s=round(slots / med, 1), target_nonpad=round(nonpad, 3), input_nonpad=round(nonpad_in, 3),
         last_loss=round(loss, 3), times=[round(t, 4) for t in times], stubbed=stubbed,
         jax=jax.__version__, backend=jax.default_backend(),
+    )), flush=True)
+
+
+def compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, stubbed):
+    """Compile the example's `train_step` (its optimizer and schedule as `main` builds them) for one GPU of
+    `args.target_config`; write its HLO to `args.hlo_out` and print one JSON line (memory, seconds)."""
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = topologies.get_topology_desc(platform="cuda", target_config=Path(args.target_config).read_text(),
+                                           topology="1x1x1").devices
+    mesh = Mesh(np.array(devices), ("batch",))
+    learning_rate_fn = train.create_learning_rate_schedule(learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps)
+    shape = (rows, PEER_LENGTH)
+    m = models.Transformer(eval_config)
+
+    def create():
+        params = m.init(jax.random.key(0), jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32))["params"]
+        tx = optax.adamw(learning_rate=learning_rate_fn, b1=0.9, b2=0.98, eps=1e-9, weight_decay=cfg.weight_decay)
+        return train.TrainState.create(apply_fn=m.apply, params=params, tx=tx, dynamic_scale=None)
+
+    replicated = NamedSharding(mesh, P())
+    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)  # noqa: E731
+    state = jax.tree.map(place, jax.eval_shape(create))
+    names = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation", "targets_segmentation")
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, P("batch"))) for k in names}
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    step = functools.partial(train.train_step, config=train_config, learning_rate_fn=learning_rate_fn,
+                             label_smoothing=cfg.label_smoothing)
+    sharded = jax.shard_map(lambda s, b, r: step(s, b, dropout_rng=r), mesh=mesh,
+                            in_specs=(P(), P("batch"), P()), out_specs=(P(), P()), check_vma=False)
+    start = time.perf_counter()
+    lowered = jax.jit(sharded, donate_argnums=(0,)).lower(state, batch, rng)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - lowered_at
+    Path(args.hlo_out).write_text(compiled.as_text())
+    memory = compiled.memory_analysis()
+    fields = ("argument", "output", "alias", "temp", "generated_code")
+    print(json.dumps(dict(
+        side="flax_wmt", label=args.label, size=args.size, dtype=args.dtype, rows=rows, length=PEER_LENGTH,
+        target_config=args.target_config, hlo=args.hlo_out, lower_s=round(lowered_at - start, 2),
+        compile_s=round(compile_s, 2), memory_bytes={f: int(getattr(memory, f"{f}_size_in_bytes")) for f in fields},
+        stubbed=stubbed, jax=jax.__version__,
     )), flush=True)
 
 

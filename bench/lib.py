@@ -12,6 +12,7 @@ with other jobs is steadier than wall-clock.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import io
 import json
@@ -306,6 +307,19 @@ def our_config(size: str, dtype: str, overrides: dict):
         node[field] = value
     config_lib.validate(config)
     return config
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'packed:data.pack_length=64,data.token_budget=1280' -> (label, {path: Python literal (or the bare string)})."""
+    label, _, pairs = text.partition(":")
+    overrides = {}
+    for pair in filter(None, pairs.split(",")):
+        path, _, value = pair.partition("=")
+        try:
+            overrides[path] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[path] = value
+    return label, overrides
 
 
 def with_fields(model, overrides: dict | None):

@@ -31,7 +31,6 @@ shape) timed alone at its own shapes, against the whole step: what the step's ot
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ from collections import defaultdict
 import jax
 
 from bench.lib import (PEER_LENGTH, SIZES, VOCAB, Ours, corpus_vocab, cpu_description, flax_wmt_dir, matmul_flops_per_s, our_config,
-                       run_peer, synthetic_batch)
+                       parse_variant, run_peer, synthetic_batch)
 from configs import default
 from training.data.batching import as_arrays
 
@@ -48,19 +47,6 @@ from training.data.batching import as_arrays
 def peer_flops(ours: Ours, rows: int) -> float:
     """FLOPs of our step on an all-real [rows, 64] batch: the peer's model arithmetic at its shape."""
     return ours.flops_of(as_arrays(synthetic_batch(rows, PEER_LENGTH, VOCAB)))
-
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    """'packed:data.pack_length=64,data.token_budget=1280' -> (label, {path: Python literal (or the bare string)})."""
-    label, _, pairs = text.partition(":")
-    overrides = {}
-    for pair in filter(None, pairs.split(",")):
-        path, _, value = pair.partition("=")
-        try:
-            overrides[path] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            overrides[path] = value
-    return label, overrides
 
 
 def main():

@@ -225,7 +225,11 @@ def _compile(program: str, target: Target, fn, *args) -> tuple[Program, float, f
     compiled_at = time.perf_counter()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
-    flops = float(cost["flops"]) if cost and "flops" in cost else _unoptimised_flops(lowered, target.num_devices)
+    if cost and "flops" in cost:
+        flops = float(cost["flops"])
+    else:  # the devices the program spans: the train step's mesh, or the one device evaluation runs on
+        spans = [len(leaf.sharding.device_set) for leaf in jax.tree.leaves(args) if getattr(leaf, "sharding", None)]
+        flops = _unoptimised_flops(lowered, max(spans, default=1))
     return Program(compiled, flops), lowered_at - start, compiled_at - lowered_at
 
 
