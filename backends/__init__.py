@@ -22,6 +22,11 @@
   dropout_keep -- the dropout keep-mask draw: `xla_cpu.dropout_keep` on the CPU, None (Flax's
                   `jax.random.bernoulli`) elsewhere.
 
+`target_logits(platform)` is the training loss's one choice (`training.core.step.token_losses`' pick of
+the targets' logits): `xla_cpu.target_logits`, a gather, on the CPU; None (the plain masked sum, whose
+gradient XLA fuses into the softmax's) elsewhere. The trainers and the dev loss read the platform off the
+model's formulation, so a program compiled for a GPU gets the GPU's choice.
+
 `platform` is a JAX platform name ("cpu", "cuda", "rocm", "gpu", "tpu"); None means the default
 backend of this process, read here, once. Lowering for another platform (`jax.export(..., platforms=("cuda",))`)
 takes the hooks chosen for that platform: on a GPU or TPU nothing tuned for XLA:CPU runs.
@@ -73,3 +78,16 @@ def model_hooks(matmul: str, dtype, platform: str | None = None) -> dict[str, An
         "formulation": xla_cpu.FORMULATION if cpu else Formulation(platform),
         "dropout_keep": xla_cpu.dropout_keep if cpu else None,
     }
+
+
+def target_logits(platform: str | None = None) -> Callable | None:
+    """`training.core.step.token_losses`' pick of the targets' logits for `platform`: a gather on XLA:CPU (its
+    gradient's scatter beat the masked sum's select there: results/code_choices.md), None (the plain masked
+    sum) elsewhere."""
+    return xla_cpu.target_logits if is_cpu(platform) else None
+
+
+def platform_of(model) -> str | None:
+    """The platform a `models.Transformer` was configured for (its formulation's; None: this process's backend)."""
+    formulation = getattr(model.config, "formulation", None)
+    return None if formulation is None else formulation.platform

@@ -12,6 +12,8 @@ Flax's `jax.random.bernoulli` dropout).
   (`attention.beams`).
 * Attention's two products stay plain: the (K Qᵀ)ᵀ logits for few queries and a float32 sum for one
   16-bit query row no longer paid on jax 0.12.1 (results/code_choices.md) and were deleted.
+* The loss reads the targets' logits with a gather (`target_logits`): on XLA:CPU its gradient's
+  scatter costs less than the plain masked sum's select over the vocabulary (results/code_choices.md).
 * Dropout keep-masks from each 32-bit random word's two 16-bit halves: the threefry hash is most
   of what dropout costs on CPU, and this hashes half as many words (results/peer.md section 7).
   The keep probability becomes `round((1 - rate) * 2**16) / 2**16` (0.8999939 for rate 0.1) and
@@ -65,3 +67,8 @@ def dropout_keep(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[j
     """`models.dropout.Dropout`'s `keep` hook: (bool keep-mask of `shape`, the keep probability it draws with)."""
     threshold = keep_threshold(rate)
     return keep_mask(rng, threshold, shape), threshold / 2**BITS
+
+
+def target_logits(logits, targets):
+    """logits [B, L, V] at the targets [B, L] -> [B, L] by a gather (`training.core.step.target_logits`' numbers)."""
+    return jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]

@@ -59,15 +59,28 @@ def parameter_count(params) -> int:
     return sum(x.size for x in jax.tree.leaves(params))
 
 
-def token_losses(logits, targets, weights, label_smoothing):
+def target_logits(logits, targets):
+    """logits [B, L, V] at the targets [B, L] -> [B, L], as a one-hot product picks them: a masked sum over V.
+
+    Its gradient is a select, so XLA fuses it into the softmax's gradient and the logits' cast in one pass
+    (a gather's gradient scatters into a [B, L, V] buffer of its own: results/peer_compiled.md). The plain
+    form, for GPUs and TPUs; XLA:CPU gathers instead (`backends.target_logits`).
+    """
+    hit = lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1) == targets[..., None]
+    return jnp.sum(jnp.where(hit, logits, jnp.zeros((), logits.dtype)), axis=-1)
+
+
+def token_losses(logits, targets, weights, label_smoothing, pick=None):
     """(smoothed cross-entropy sum, NLL sum, token count) over weighted positions. logits [B, L, V].
 
     With smoothed labels (1 - s) one_hot + s / V, the cross-entropy is (1 - s) NLL + s (lse - mean
     logit): written so, no [B, L, V] one-hot or log-softmax is materialised, in either pass.
+    pick: how the targets' logits are read (`target_logits`'s signature; None: `target_logits`), the
+    backend's choice (`backends.target_logits`): the same numbers either way.
     """
     logits = logits.astype(jnp.float32)
     log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    nll = log_normalizer - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = log_normalizer - (pick or target_logits)(logits, targets)
     smoothed = (1.0 - label_smoothing) * nll + label_smoothing * (log_normalizer - jnp.mean(logits, axis=-1))
     return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
@@ -77,7 +90,7 @@ def packing_inputs(batch: dict) -> dict:
     return {name: batch[name] for name in PACKING_FIELDS if name in batch}
 
 
-def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None) -> tuple[Any, dict]:
+def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None, pick=None) -> tuple[Any, dict]:
     """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
 
     The loss is the token-weighted mean over the global batch, plus whatever the model sows into
@@ -85,7 +98,7 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     is one global array and this needs nothing more. Under `jax.pmap` (`axis_name` set) each device
     holds a slice: the token count is summed over devices first, so each device's loss is its share
     of the global mean and the global gradient is the sum (`psum`) of the devices' gradients; their
-    dropout keys differ by device index.
+    dropout keys differ by device index. `pick`: `token_losses`'.
     """
     dropout_rng = jax.random.fold_in(rng, state.step)
     count = jnp.sum(batch["weights"])
@@ -97,7 +110,7 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     def loss_fn(params):
         logits, sown = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True,
                                       rngs={"dropout": dropout_rng}, mutable=["losses"], **packing_inputs(batch))
-        loss_sum, nll_sum, _ = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing)
+        loss_sum, nll_sum, _ = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing, pick)
         loss = loss_sum / denominator
         # terms the modules sow into `losses` (e.g. attention.family.span's L1 on its spans); none by default
         if terms := jax.tree.leaves(sown):
@@ -115,9 +128,9 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     return new_state, metrics
 
 
-def eval_step(params, batch, *, apply_fn) -> dict:
-    """Sums for dev loss/perplexity: NLL (no smoothing) and token count."""
+def eval_step(params, batch, *, apply_fn, pick=None) -> dict:
+    """Sums for dev loss/perplexity: NLL (no smoothing) and token count. `pick`: `token_losses`'."""
     logits = apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=False, **packing_inputs(batch))
-    _, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], 0.0)
+    _, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], 0.0, pick)
     return {"nll_sum": nll_sum, "tokens": count}
 

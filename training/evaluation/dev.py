@@ -8,6 +8,7 @@ import sys
 
 import jax
 
+import backends
 from training.core import step as step_lib
 from training.data.batching import eval_lengths
 from training.evaluation import translate
@@ -18,7 +19,8 @@ ROWS = 64  # sentences a translation batch (translate's default)
 
 def eval_step_fn(model):
     """`step.eval_step` jitted for `model`: params, batch -> {nll_sum, tokens}."""
-    return jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply))
+    return jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply,
+                                     pick=backends.target_logits(backends.platform_of(model))))
 
 
 class Stopped(Exception):

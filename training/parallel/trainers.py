@@ -17,6 +17,7 @@ import numpy as np
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
+import backends
 from training.core import step as step_lib
 from training.parallel import sharding
 
@@ -54,7 +55,8 @@ class MeshTrainer:
         self.shardings = sharding.state_shardings(abstract, self.mesh, self.shard_embeddings)
         replicated = sharding.replicated(self.mesh)
         self.step_fn = jax.jit(
-            functools.partial(step_lib.train_step, label_smoothing=self.label_smoothing),
+            functools.partial(step_lib.train_step, label_smoothing=self.label_smoothing,
+                              pick=backends.target_logits(backends.platform_of(self.model))),
             in_shardings=(self.shardings, sharding.batch_sharding(self.mesh), replicated),
             out_shardings=(self.shardings, replicated), donate_argnums=0,
         )
@@ -95,7 +97,8 @@ class PmapTrainer:
         self.model, self.tx = model, tx
         self.data_shards = len(self.devices)
         self.step_fn = jax.pmap(
-            functools.partial(step_lib.train_step, label_smoothing=label_smoothing, axis_name=PMAP_AXIS),
+            functools.partial(step_lib.train_step, label_smoothing=label_smoothing, axis_name=PMAP_AXIS,
+                              pick=backends.target_logits(backends.platform_of(model))),
             axis_name=PMAP_AXIS, in_axes=(0, 0, None), devices=self.devices, donate_argnums=0,
         )
 

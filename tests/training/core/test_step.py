@@ -1,10 +1,12 @@
-"""`training.core.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels; packed batches."""
+"""`training.core.step`: token_losses against a NumPy cross-entropy with explicitly smoothed labels (both ways of
+reading the targets' logits: the plain masked sum and XLA:CPU's gather); packed batches."""
 
 import jax
 import numpy as np
 import optax
 import pytest
 
+from backends import xla_cpu
 from models import Transformer
 from tiny import model_config
 from training.core import step as step_lib
@@ -23,22 +25,27 @@ def numpy_losses(logits, targets, weights, smoothing):
     return (smoothed * weights).sum(), (nll * weights).sum(), weights.sum()
 
 
+PICKS = pytest.mark.parametrize("pick", [None, xla_cpu.target_logits], ids=["masked_sum", "gather"])
+
+
+@PICKS
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_token_losses_match_numpy(smoothing):
+def test_token_losses_match_numpy(smoothing, pick):
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((3, 5, 11)) * 4).astype(np.float32)
     targets = rng.integers(0, 11, (3, 5))
     weights = (rng.random((3, 5)) > 0.3).astype(np.float32)
-    got = step_lib.token_losses(logits, targets, weights, smoothing)
+    got = step_lib.token_losses(logits, targets, weights, smoothing, pick)
     np.testing.assert_allclose(got, numpy_losses(logits, targets, weights, smoothing), rtol=1e-5)
 
 
-def test_token_loss_gradient_is_softmax_minus_smoothed_labels():
+@PICKS
+def test_token_loss_gradient_is_softmax_minus_smoothed_labels(pick):
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((2, 3, 7)).astype(np.float32)
     targets = rng.integers(0, 7, (2, 3))
     weights = np.ones((2, 3), np.float32)
-    grad = jax.grad(lambda z: step_lib.token_losses(z, targets, weights, 0.1)[0])(logits)
+    grad = jax.grad(lambda z: step_lib.token_losses(z, targets, weights, 0.1, pick)[0])(logits)
     probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     labels = np.full(logits.shape, 0.1 / 7)
     np.put_along_axis(labels, targets[..., None], 0.9 + 0.1 / 7, axis=-1)

@@ -69,6 +69,10 @@ def test_tiny_train_step_on_two_gpus():
     d, mlp, vocab, tokens = D_MODEL, 128, 256, ROWS * LENGTH / 2
     weights = 4 * d * d + 2 * d * mlp + 8 * d * d + 2 * d * mlp + d * vocab
     assert 6 * weights * tokens < report["flops"] < 2 * 6 * weights * tokens
+    # the loss reads the targets' logits as a masked sum: no gather whose gradient scatters into [rows, L, vocab]
+    # (the embeddings' gradient scatters into [vocab, d_model], as the peer's does)
+    assert re.search(rf"= \w+\[{vocab},{d}\]\S* scatter\(", report["hlo"])  # the check can fail: scatters show
+    assert not re.search(rf"= \w+\[\d+,{LENGTH},{vocab}\]\S* scatter\(", report["hlo"]), "XLA:CPU's gather reached a GPU"
 
 
 @needs_libtpu
