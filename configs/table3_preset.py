@@ -39,13 +39,13 @@ def apply(config, *, packed: bool = False):
     # pinned, not 'auto': every point computes in one dtype whichever machine runs it (on CPUs
     # without native bf16 it runs at the float32 rate; where native: results/small_25min/README.md)
     config.model.dtype = "bfloat16"
-    # pinned, not 'auto' (which picks them only on CPUs with native bf16): bf16 operands, float32
-    # products and elementwise work on every machine. On a CPU without native bf16, 'xla' matmuls
-    # (bf16 products) ran slower and strayed further from the other machines' training
-    # (results/plateau/README.md, "Across machines"). A CPU trick: for a GPU or TPU program
-    # `backends.dense_dot_general` takes XLA's dots instead (bf16 operands accumulate in float32 in the
-    # matrix units there), so CPU points stay bit-identical and accelerators run no XLA:CPU layout work
-    config.model.matmul = "row_major"
+    # Every point multiplies bfloat16 operands into float32 sums, on every machine: on XLA:CPU that is the
+    # row-major product `model.matmul = "auto"` takes for 16-bit compute (float32 results; without it, XLA:CPU's
+    # bf16 products ran slower and strayed further from the other machines' training: results/plateau/README.md,
+    # "Across machines"), on a GPU or TPU XLA's own dots, whose matrix units accumulate bf16 in float32. "auto"
+    # picks each per target platform; the committed CPU points ran the same program under the earlier
+    # pinned "row_major", which no GPU or TPU program should carry (results/peer_compiled.md).
+    config.model.matmul = "auto"
     config.data.token_budget = 1024
     config.data.pack_length = 0  # length buckets: every committed point was trained so (the default packs since)
     config.optimizer.schedule = "cosine"

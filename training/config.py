@@ -129,6 +129,10 @@ def check_resumable(config: ml_collections.ConfigDict, saved_path: Path) -> None
     current = json.loads(config.to_json_best_effort())
     if current["model"]["dtype"] == "auto" and saved["model"]["dtype"] in DTYPES:  # a run from before "auto" keeps its dtype
         current["model"]["dtype"] = saved["model"]["dtype"]
+    # a Table 3 point from before its preset took matmul "auto" (pinned "row_major": the program "auto" gives a
+    # 16-bit run on XLA:CPU, and XLA's dots elsewhere, as "row_major" did) resumes under the preset of today
+    if current["model"].get("matmul") == "auto" and saved["model"].get("matmul") == "row_major":
+        current["model"]["matmul"] = "row_major"
     for section in RESUME_FIXED:
         if saved.get(section) != current.get(section):
             diffs = _differences(saved.get(section), current.get(section), section)

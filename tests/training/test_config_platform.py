@@ -2,7 +2,7 @@
 
 `training.config.model_config(..., platform=)` passes the platform to `backends.model_hooks`, resolves
 `model.dtype = "auto"` for it (bfloat16 without measuring this host, for an accelerator), and the
-Table 3 preset's pinned row-major CPU product becomes XLA's dots off the CPU. Lowered for "tpu" and
+Table 3 preset's `model.matmul = "auto"` is the row-major product on the CPU and XLA's dots off it. Lowered for "tpu" and
 "cuda" (`jax.export`, no accelerator needed) the train step's StableHLO holds no XLA:CPU hook: no
 optimisation barrier (cache writes, row-major transposes), dense dots in the compute dtype.
 """
@@ -25,7 +25,7 @@ DOT = re.compile(r"stablehlo\.dot_general .*?: \((tensor<[^>]*>), (tensor<[^>]*>
 
 
 def _preset(dtype="bfloat16"):
-    """The Table 3 preset at a tiny size (row_major pinned), dtype as given."""
+    """The Table 3 preset at a tiny size, dtype as given."""
     config = table3_preset.apply(default.get_config())
     config.model.update(d_model=32, num_heads=4, mlp_dim=64, max_len=16)
     config.model.dtype = dtype
@@ -56,7 +56,7 @@ def test_the_preset_compiled_for_an_accelerator_carries_no_cpu_hook(monkeypatch,
     monkeypatch.setattr(precision, "machine_choice", _no_measuring)
     model_config = config_lib.model_config(_preset("auto"), VOCAB, platform=platform)
     assert model_config.dtype == jnp.bfloat16  # 'auto' for an accelerator: bfloat16, this host unmeasured
-    assert model_config.dot_general is None and model_config.dropout_keep is None  # row_major pinned, XLA's dots taken
+    assert model_config.dot_general is None and model_config.dropout_keep is None  # XLA's dots taken
     assert model_config.formulation.platform == platform and not isinstance(model_config.formulation, xla_cpu.XlaCpuFormulation)
     hlo = _train_hlo(model_config, platform)
     assert "optimization_barrier" not in hlo

@@ -75,3 +75,14 @@ def test_a_workdir_from_before_auto_keeps_its_dtype(tmp_path):
     config.model.dtype = "bfloat16"
     with pytest.raises(ValueError, match="config.model.dtype"):
         config_lib.check_resumable(config, tmp_path / "config.json")
+
+
+def test_a_preset_point_from_before_matmul_auto_resumes_and_a_real_change_is_refused(tmp_path):
+    config = tiny_config()
+    config.model.matmul = "row_major"  # the Table 3 preset's setting before it took "auto"
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())
+    config.model.matmul = "auto"
+    config_lib.check_resumable(config, tmp_path / "config.json")
+    config.model.matmul = "xla"
+    with pytest.raises(ValueError, match="config.model.matmul"):
+        config_lib.check_resumable(config, tmp_path / "config.json")
