@@ -51,6 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.activation = "relu"  # or 'gelu'
     config.model.tie_embeddings = True
     config.model.scale_out_init = False  # W^O init / sqrt(2 num_layers)
+    config.model.attention_bias = True  # biases on the attention's q/k/v/out projections
     config.model.max_len = 256
     config.model.dtype = "auto"  # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster (training/core/precision.py)
     config.model.attention_impl = "vmap"

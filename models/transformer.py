@@ -66,6 +66,7 @@ class TransformerConfig:
     activation: str = "relu"  # feed-forward activation: 'relu' or 'gelu' (exact, erf-based)
     tie_embeddings: bool = True  # logits = decoder output @ embedding^T (else a separate Dense)
     scale_out_init: bool = False  # W^O and MLP output kernels' init x 1/sqrt(2 num_layers) (GPT-2)
+    attention_bias: bool = True  # biases on the attention's q/k/v/out projections (Flax's examples/wmt: none)
     max_len: int = 256  # rows of the sinusoidal position table: the longest sequence
     pad_id: int = tokens.PAD_ID  # padding; masked as a key and ignored by the loss
     eos_id: int = tokens.EOS_ID  # end of sequence; decoding stops at it
@@ -213,7 +214,7 @@ def _attention(layer, train, name, decode=False, causal=False, cross=False):
     attention_type = config.attention_type if serves else "softmax"
     module = attention.MultiHeadAttention(
         num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
-        v_head_dim=config.v_head_dim,
+        v_head_dim=config.v_head_dim, use_bias=config.attention_bias,
         dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode and not cross,
         cache_cross_kv=decode and cross,
         out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
