@@ -230,3 +230,16 @@ def test_packing_arguments_come_all_together_in_their_tokens_shape():
     with pytest.raises(ValueError, match=re.escape("tgt_positions has shape (2, 6); expected its tokens' shape (2, 7)")):
         model.apply(variables, SRC, TGT_IN, src_segments=segments, tgt_segments=jnp.ones_like(TGT_IN),
                     src_positions=segments, tgt_positions=segments)
+
+
+def test_attention_bias_off_leaves_the_projections_without_biases_and_nothing_else_changes():
+    tokens = jnp.ones((1, 4), jnp.int32)
+    shapes = {}
+    for bias in (True, False):
+        model = models.Transformer(model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, attention_bias=bias))
+        params = jax.eval_shape(lambda m=model: m.init(jax.random.key(0), tokens, tokens)["params"])
+        shapes[bias] = {"/".join(str(k.key) for k in path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    dropped = set(shapes[True]) - set(shapes[False])
+    # q, k, v and out biases of the encoder's self-attention and the decoder's two attentions
+    assert len(dropped) == 3 * 4 and all(name.endswith("bias") and "attention" in name for name in dropped), sorted(dropped)
+    assert {n: s for n, s in shapes[True].items() if n not in dropped} == shapes[False]
