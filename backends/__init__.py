@@ -27,6 +27,11 @@ the targets' logits): `xla_cpu.target_logits`, a gather, on the CPU; None (the p
 gradient XLA fuses into the softmax's) elsewhere. The trainers and the dev loss read the platform off the
 model's formulation, so a program compiled for a GPU gets the GPU's choice.
 
+`grad_norm_every_step(platform)`: whether the train step computes the logged gradient norm on every step
+(XLA:CPU: one program; its reductions cost little there) or the trainers compile a second step with it for
+the logged steps only (GPUs and TPUs: the norm is one small reduction kernel a parameter, about 15 % of the
+base model's compiled H100 step's kernels: results/peer_compiled.md).
+
 `platform` is a JAX platform name ("cpu", "cuda", "rocm", "gpu", "tpu"); None means the default
 backend of this process, read here, once. Lowering for another platform (`jax.export(..., platforms=("cuda",))`)
 takes the hooks chosen for that platform: on a GPU or TPU nothing tuned for XLA:CPU runs.
@@ -91,3 +96,9 @@ def platform_of(model) -> str | None:
     """The platform a `models.Transformer` was configured for (its formulation's; None: this process's backend)."""
     formulation = getattr(model.config, "formulation", None)
     return None if formulation is None else formulation.platform
+
+
+def grad_norm_every_step(platform: str | None = None) -> bool:
+    """Whether the train step computes the logged gradient norm on every step (XLA:CPU) or only on logged
+    steps, in a second compiled step (elsewhere)."""
+    return is_cpu(platform)

@@ -90,7 +90,8 @@ def packing_inputs(batch: dict) -> dict:
     return {name: batch[name] for name in PACKING_FIELDS if name in batch}
 
 
-def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None, pick=None) -> tuple[Any, dict]:
+def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None, pick=None,
+               grad_norm: bool = True) -> tuple[Any, dict]:
     """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
 
     The loss is the token-weighted mean over the global batch, plus whatever the model sows into
@@ -98,7 +99,9 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     is one global array and this needs nothing more. Under `jax.pmap` (`axis_name` set) each device
     holds a slice: the token count is summed over devices first, so each device's loss is its share
     of the global mean and the global gradient is the sum (`psum`) of the devices' gradients; their
-    dropout keys differ by device index. `pick`: `token_losses`'.
+    dropout keys differ by device index. `pick`: `token_losses`'. `grad_norm`: whether the metrics hold the
+    gradients' global norm (one reduction a parameter: the trainers leave it to the logged steps where that
+    pays, `backends.grad_norm_every_step`).
     """
     dropout_rng = jax.random.fold_in(rng, state.step)
     count = jnp.sum(batch["weights"])
@@ -124,7 +127,9 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     if axis_name is not None:
         loss, nll_sum, grads = lax.psum((loss, nll_sum, grads), axis_name)
     new_state = state.apply_gradients(grads=grads)
-    metrics = {"loss": loss, "nll": nll_sum / denominator, "grad_norm": optax.tree.norm(grads), "tokens": count}
+    metrics = {"loss": loss, "nll": nll_sum / denominator, "tokens": count}
+    if grad_norm:
+        metrics["grad_norm"] = optax.tree.norm(grads)
     return new_state, metrics
 
 

@@ -54,12 +54,9 @@ class MeshTrainer:
         abstract = jax.eval_shape(functools.partial(step_lib.create_state, self.model, self.tx, batch=batch), rng)
         self.shardings = sharding.state_shardings(abstract, self.mesh, self.shard_embeddings)
         replicated = sharding.replicated(self.mesh)
-        self.step_fn = jax.jit(
-            functools.partial(step_lib.train_step, label_smoothing=self.label_smoothing,
-                              pick=backends.target_logits(backends.platform_of(self.model))),
-            in_shardings=(self.shardings, sharding.batch_sharding(self.mesh), replicated),
-            out_shardings=(self.shardings, replicated), donate_argnums=0,
-        )
+        self.step_fn, self.logged_step_fn = _steps(self.model, lambda step: jax.jit(
+            step, in_shardings=(self.shardings, sharding.batch_sharding(self.mesh), replicated),
+            out_shardings=(self.shardings, replicated), donate_argnums=0), label_smoothing=self.label_smoothing)
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.shardings)
 
     def init_state(self, rng, batch):
@@ -74,8 +71,9 @@ class MeshTrainer:
     def put_batch(self, batch: dict) -> dict:
         return sharding.put_batch(batch, self.mesh)
 
-    def step(self, state, batch, rng):
-        return self.step_fn(state, batch, rng)
+    def step(self, state, batch, rng, logged: bool = True):
+        """One step; `logged`: the loop logs this step (its metrics then hold the gradient norm)."""
+        return (self.logged_step_fn if logged else self.step_fn)(state, batch, rng)
 
     def to_checkpoint(self, state):
         return state
@@ -96,11 +94,9 @@ class PmapTrainer:
         self.devices = list(devices if devices is not None else jax.local_devices())
         self.model, self.tx = model, tx
         self.data_shards = len(self.devices)
-        self.step_fn = jax.pmap(
-            functools.partial(step_lib.train_step, label_smoothing=label_smoothing, axis_name=PMAP_AXIS,
-                              pick=backends.target_logits(backends.platform_of(model))),
-            axis_name=PMAP_AXIS, in_axes=(0, 0, None), devices=self.devices, donate_argnums=0,
-        )
+        self.step_fn, self.logged_step_fn = _steps(model, lambda step: jax.pmap(
+            step, axis_name=PMAP_AXIS, in_axes=(0, 0, None), devices=self.devices, donate_argnums=0),
+            label_smoothing=label_smoothing, axis_name=PMAP_AXIS)
 
     def init_state(self, rng, batch):
         state = jax.jit(functools.partial(step_lib.create_state, self.model, self.tx, batch=batch))(rng)
@@ -112,8 +108,8 @@ class PmapTrainer:
         n = len(self.devices)
         return {k: (a := sharding.pad_rows(np.asarray(v), n)).reshape(n, a.shape[0] // n, *a.shape[1:]) for k, v in batch.items()}
 
-    def step(self, state, batch, rng):
-        state, metrics = self.step_fn(state, batch, rng)
+    def step(self, state, batch, rng, logged: bool = True):
+        state, metrics = (self.logged_step_fn if logged else self.step_fn)(state, batch, rng)
         return state, jax.tree.map(lambda x: x[0], metrics)
 
     def to_checkpoint(self, state):
@@ -124,6 +120,18 @@ class PmapTrainer:
 
     def local_params(self, params):
         return jax.device_put(jax.tree.map(lambda x: x[0], params), self.devices[0])
+
+
+def _steps(model, compile_step, **settings):
+    """(the step for unlogged steps, the step for logged ones), each `compile_step(train_step with settings)`: one
+    program, the gradient norm in it, on XLA:CPU; two elsewhere, the norm only in the logged steps' program
+    (`backends.grad_norm_every_step`). The loss's pick of the targets' logits is the model's platform's."""
+    platform = backends.platform_of(model)
+    step = functools.partial(step_lib.train_step, pick=backends.target_logits(platform), **settings)
+    logged = compile_step(step)
+    if backends.grad_norm_every_step(platform):
+        return logged, logged
+    return compile_step(functools.partial(step, grad_norm=False)), logged
 
 
 def _kv_heads(model) -> int:

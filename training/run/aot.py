@@ -251,7 +251,8 @@ def compile_programs(config, target: Target, data: int = -1, model: int = 1, row
     """Compile `programs` of `config` for `target` over a (data, model) mesh; {program: `program_report`}.
 
     rows: the global training batch's rows (None: the config's, `train_shape`). The train step is the
-    run's own (`MeshTrainer.step_fn`, state donated); the eval step (`dev.eval_step_fn`), the decode step
+    run's own (`MeshTrainer.step_fn`, state donated; on a GPU or TPU the step of the unlogged steps, without
+    the gradient norm: `backends.grad_norm_every_step`); the eval step (`dev.eval_step_fn`), the decode step
     (`_decode_step_program`) and beam search (`_beam_program`) run as evaluation runs them, on one device
     with unsharded parameters, at the config's longest decode (`decode_shape_of`). keep_hlo: each report
     also holds the compiled module's text ("hlo").

@@ -189,7 +189,8 @@ def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles
             t0 = time.perf_counter()
             batch = run.schedule.batch(step)
             t1 = time.perf_counter()
-            state, metrics = run.trainer.step(state, run.trainer.put_batch(as_arrays(batch)), run.rng_dropout)
+            logged = (step + 1) % config.log_every_steps == 0  # these steps' metrics hold the gradient norm
+            state, metrics = run.trainer.step(state, run.trainer.put_batch(as_arrays(batch)), run.rng_dropout, logged)
             metrics = jax.device_get(metrics)  # also waits for the step: honest step times
             loss = float(metrics["loss"])
             if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
@@ -425,15 +426,17 @@ class _Window:
         self.compiled_before = compiles.totals()
 
     def add(self, data_s, step_s, tokens, padding, metrics):
-        self.rows.append((data_s, step_s, tokens, padding, float(metrics["loss"]), float(metrics["nll"]), float(metrics["grad_norm"])))
+        self.rows.append((data_s, step_s, tokens, padding, float(metrics["loss"]), float(metrics["nll"]),
+                          float(metrics.get("grad_norm", math.nan))))
 
     def flush(self, step, learning_rate) -> dict:
         data_s, step_s, tokens, padding, loss, nll, grad_norm = np.array(self.rows).T
         self.rows = []
         total = data_s.sum() + step_s.sum()
+        norms = grad_norm[~np.isnan(grad_norm)]  # every step's on the CPU, the logged step's on a GPU or TPU
         return {
             "step": step, "loss": float(loss.mean()), "nll": float(nll.mean()), "learning_rate": learning_rate,
-            "grad_norm": float(grad_norm.mean()), "tokens_per_s": float(tokens.sum() / total),
+            **({"grad_norm": float(norms.mean())} if norms.size else {}), "tokens_per_s": float(tokens.sum() / total),
             "step_time_s": float(total / len(loss)), "data_fraction": float(data_s.sum() / total),
             "padding_fraction": float(padding.mean()),
             **self._compiled_since_last(),
