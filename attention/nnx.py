@@ -139,7 +139,8 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         """`inputs_q [batch..., Lq, in_features]` (`inputs_k`/`inputs_v [batch..., Lk, in_kv_features]`) -> `[batch..., Lq, out_features]`.
 
         As Flax's, plus head_mask (float, broadcastable to `[batch..., H]`, scales each head before
-        W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`).
+        W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`). Weights sown as
+        Flax's layer sows them: `nnx.capture(layer, nnx.Intermediate)(x, sow_weights=True)` collects them.
         """
         inputs_k, inputs_v = flax_compat.resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
         decode = bool(decode if decode is not None else self.decode)
