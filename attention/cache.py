@@ -53,7 +53,7 @@ def step(cached_key: Array, cached_value: Array, index: Array, key: Array, value
     mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
     written = resolve(formulation).materialize((write(cached_key, key, index), write(cached_value, value, index)))
     mask = and_masks(mask, causal_mask(index, new_length, max_length))
-    to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731 (attend's grouping undoes it: XLA folds the pair)
+    to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
     return Step(*written, index + advance, *map(to_caller, written), mask, index)
 
 

@@ -164,7 +164,7 @@ class MultiHeadAttention(nn.Module):
             query, key, value = jnp.split(dense(features=(H + 2 * G, d_k), name="qkv")(inputs_q), [H, H + G], axis=-2)
         else:
             query = dense(features=(H, d_k), name="query")(inputs_q)
-            project_kv = lambda: (  # noqa: E731
+            project_kv = lambda: (
                 query if shared_qk else dense(features=(G, d_k), name="key")(inputs_k),
                 dense(features=(G, geometry.v_head_dim), name="value")(inputs_v),
             )

@@ -61,7 +61,7 @@ def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.bool_
     if x.ndim < 1:
         raise ValueError(f"make_causal_mask: x needs a length axis, got shape {x.shape}")
     positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
-    causal = lambda q, k: allowed_by_position(q, k, True)  # noqa: E731
+    causal = lambda q, k: allowed_by_position(q, k, True)
     return make_attention_mask(positions, positions, causal, extra_batch_dims=extra_batch_dims, dtype=dtype)
 
 

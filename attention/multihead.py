@@ -101,7 +101,7 @@ def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None)
     Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back
     to the caller's layout and the attention's own cancel, so no step transposes the source again.
     """
-    swap = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
+    swap = lambda x: jnp.swapaxes(x, -3, -2)
     if stored is not None:
         return tuple(map(swap, stored))
     key, value = project_kv()

@@ -177,7 +177,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
-        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)  # noqa: E731
+        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)
         return mh.family_heads(spec, member, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal,
                                decode=decode, mutable=["cache"] if own_state else False)  # ToNNX keeps the new state
 
@@ -192,7 +192,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             query, key, value = jnp.split(qkv, [self.num_heads, self.num_heads + self.num_kv_heads], axis=-2)
         else:
             query = self.query(inputs_q, out_sharding=sharding)
-            project_kv = lambda: (query if shared_qk else self.key(inputs_k, out_sharding=sharding),  # noqa: E731
+            project_kv = lambda: (query if shared_qk else self.key(inputs_k, out_sharding=sharding),
                                   self.value(inputs_v, out_sharding=sharding))
             key, value = self._cross_kv(project_kv) if cross else project_kv()
         if self.normalize_qk:
