@@ -13,31 +13,31 @@ per-sequence one with a scatter; both follow that one rule (tests/attention/test
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from attention.formulation import Formulation, resolve
 from attention.masks import and_masks, as_bool_mask, causal_from
 
-Array = Any
-
 
 class Step(NamedTuple):
     """What one decode call leaves: the state to store, and what the attention reads."""
 
-    cached_key: Array  # [batch..., G, max_length, d_k], written
-    cached_value: Array  # [batch..., G, max_length, d_v], written
-    index: Array  # the next free positions, [] or [batch...]
-    key: Array  # the whole cache in the caller's layout, [batch..., max_length, G, d_k]
-    value: Array  # [batch..., max_length, G, d_v]
-    mask: Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
-    offset: Array  # the first new query's absolute position (the index before the write), [] or [batch...]
+    cached_key: jax.Array  # [batch..., G, max_length, d_k], written
+    cached_value: jax.Array  # [batch..., G, max_length, d_v], written
+    index: jax.Array  # the next free positions, [] or [batch...]
+    key: jax.Array  # the whole cache in the caller's layout, [batch..., max_length, G, d_k]
+    value: jax.Array  # [batch..., max_length, G, d_v]
+    mask: jax.Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
+    offset: jax.Array  # the first new query's absolute position (the index before the write), [] or [batch...]
 
 
-def step(cached_key: Array, cached_value: Array, index: Array, key: Array, value: Array, mask: Array | None, *,
-         num_heads: int, lengths: Array | None = None, formulation: Formulation | None = None) -> Step:
+def step(cached_key: jax.Array, cached_value: jax.Array, index: jax.Array, key: jax.Array, value: jax.Array,
+         mask: jax.Array | None, *, num_heads: int, lengths: jax.Array | None = None,
+         formulation: Formulation | None = None) -> Step:
     """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
 
     mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
@@ -67,7 +67,7 @@ def _advance(lengths, index, batch, new_length):
     return lengths.astype(index.dtype)
 
 
-def write(cache: Array, new: Array, index: Array) -> Array:
+def write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
     """cache `[batch..., G, L, D]`, new `[batch..., L_new, G, D]`, index `[]` or `[batch...]` -> updated cache.
 
     Row b gets `new[b]` at positions `index[b] .. index[b] + L_new - 1`; positions outside
@@ -108,6 +108,6 @@ def _write_per_sequence(cache, new, index):
     return flat.reshape(cache.shape)
 
 
-def causal_mask(index: Array, new_length: int, max_length: int) -> Array:
+def causal_mask(index: jax.Array, new_length: int, max_length: int) -> jax.Array:
     """`[batch..., 1, L_new, max_length]` bool (`[1, L_new, max_length]` for a scalar index): new query i sees keys <= index + i."""
     return causal_from(index, new_length, max_length)[..., None, :, :]  # the head axis

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
@@ -24,7 +25,6 @@ from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F4
 from attention.geometry import HeadGeometry
 from attention.nnx_state import DecodeState
 
-Array = Any
 _EMPTY = MappingProxyType({})
 _KEPT = (  # the constructor arguments kept as attributes (Flax's layer keeps them so)
     "in_features", "dtype", "param_dtype", "broadcast_dropout", "dropout_rate", "deterministic", "precision", "use_bias",
@@ -51,11 +51,11 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         param_dtype: Any = jnp.float32, broadcast_dropout: bool = True, dropout_rate: float = 0.0,
         deterministic: bool | None = None, precision: Any = None, kernel_init: Callable = default_kernel_init,
         out_kernel_init: Callable | None = None, bias_init: Callable = initializers.zeros_init(),
-        out_bias_init: Callable | None = None, use_bias: bool = True, attention_fn: Callable[..., Array] | None = None,
-        decode: bool | None = None, normalize_qk: bool = False, qkv_promote_dtype: Callable = dtypes.promote_dtype,
+        out_bias_init: Callable | None = None, use_bias: bool = True, normalize_qk: bool = False,
+        attention_fn: Callable[..., jax.Array] | None = None, qkv_promote_dtype: Callable = dtypes.promote_dtype,
         out_promote_dtype: Callable = dtypes.promote_dtype, ln_promote_dtype: Callable = dtypes.promote_dtype,
         qkv_dot_general: Any = None, out_dot_general: Any = None, qkv_dot_general_cls: Any = None,
-        out_dot_general_cls: Any = None, rngs: nnx.Rngs, keep_rngs: bool = True,
+        out_dot_general_cls: Any = None, rngs: nnx.Rngs, keep_rngs: bool = True, decode: bool | None = None,
         kernel_metadata: Mapping[str, Any] = _EMPTY, out_kernel_metadata: Mapping[str, Any] = _EMPTY,
         bias_metadata: Mapping[str, Any] = _EMPTY, out_bias_metadata: Mapping[str, Any] = _EMPTY,
         query_ln_scale_metadata: Mapping[str, Any] = _EMPTY, key_ln_scale_metadata: Mapping[str, Any] = _EMPTY,
@@ -130,12 +130,12 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             bias_metadata=out_bias_metadata, **common)
 
     def __call__(
-        self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,
-        mask: Array | None = None, deterministic: bool | None = None, rngs: nnx.Rngs | nnx.RngStream | None = None,
+        self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None, *,
+        mask: jax.Array | None = None, deterministic: bool | None = None, rngs: nnx.Rngs | nnx.RngStream | None = None,
         sow_weights: bool = False, decode: bool | None = None, is_causal: bool = False, out_sharding: Any = None,
-        qkv_sharding: Any = None, input_positions: Array | None = None, head_mask: Array | None = None,
-        lengths: Array | None = None,
-    ) -> Array:
+        qkv_sharding: Any = None, input_positions: jax.Array | None = None, head_mask: jax.Array | None = None,
+        lengths: jax.Array | None = None,
+    ) -> jax.Array:
         """`inputs_q [batch..., Lq, in_features]` (`inputs_k`/`inputs_v [batch..., Lk, in_kv_features]`) -> `[batch..., Lq, out_features]`.
 
         As Flax's, plus head_mask (float, broadcastable to `[batch..., H]`, scales each head before
