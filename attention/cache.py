@@ -28,7 +28,7 @@ class Step(NamedTuple):
 
     cached_key: jax.Array  # [batch..., G, max_length, d_k], written
     cached_value: jax.Array  # [batch..., G, max_length, d_v], written
-    index: jax.Array  # the next free positions, [] or [batch...]
+    next_index: jax.Array  # the next free positions, [] or [batch...]: index advanced by the new tokens
     key: jax.Array  # the whole cache in the caller's layout, [batch..., max_length, G, d_k]
     value: jax.Array  # [batch..., max_length, G, d_v]
     mask: jax.Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
@@ -44,17 +44,18 @@ def step(cached_key: jax.Array, cached_value: jax.Array, index: jax.Array, key: 
     lengths: the real new tokens per sequence, int `[batch...]` (default L_new; needs a
     per-sequence `index`). `formulation.materialize` sees the written caches (`attention.formulation`).
     """
-    *batch, G, max_length, _ = cached_key.shape
-    batch, new_length = tuple(batch), key.shape[-3]
+    *lead, G, max_length, _ = cached_key.shape
+    batch, new_length = tuple(lead), key.shape[-3]
     if tuple(key.shape[:-3]) != batch or key.shape[-2] != G or new_length > max_length:
         raise ValueError(f"decode: the cache holds {max_length} positions for batch {batch} and {G} KV heads, "
                          f"got keys {key.shape} (at most {max_length} new positions)")
     advance = _advance(lengths, index, batch, new_length)
     mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
-    written = resolve(formulation).materialize((write(cached_key, key, index), write(cached_value, value, index)))
-    mask = and_masks(mask, causal_mask(index, new_length, max_length))
+    new_key, new_value = resolve(formulation).materialize((write(cached_key, key, index),
+                                                            write(cached_value, value, index)))
+    mask = and_masks(causal_mask(index, new_length, max_length), mask)
     to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
-    return Step(*written, index + advance, *map(to_caller, written), mask, index)
+    return Step(new_key, new_value, index + advance, to_caller(new_key), to_caller(new_value), mask, index)
 
 
 def _advance(lengths, index, batch, new_length):

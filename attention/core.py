@@ -112,7 +112,9 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, **
     return out
 
 
-dot_product_attention.__signature__ = inspect.signature(attend).replace(return_annotation=jax.Array)
+# inspect.signature reads __signature__, which typeshed does not declare on functions
+dot_product_attention.__signature__ = inspect.signature(attend).replace(  # type: ignore[attr-defined]
+    return_annotation=jax.Array)
 
 
 def _options(is_causal, local_window_size, dropout_rate, dropout_rng, broadcast_dropout, precision, block_q, block_k,

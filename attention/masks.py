@@ -16,7 +16,7 @@ a float bias. Pass `dtype=jnp.float32` for Flax's return type.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +123,10 @@ def _and_all(present, dtype):
     return mask.astype(dtype)
 
 
+@overload
+def and_masks(first: ArrayLike, /, *masks: ArrayLike | None) -> jax.Array: ...
+@overload
+def and_masks(*masks: ArrayLike | None) -> jax.Array | None: ...
 def and_masks(*masks: ArrayLike | None) -> jax.Array | None:
     """Logical AND of masks of any ranks, aligned on their trailing axes (None skipped)."""
     present = [jnp.asarray(m) for m in masks if m is not None]
@@ -132,6 +136,12 @@ def and_masks(*masks: ArrayLike | None) -> jax.Array | None:
     return _and_all([m.reshape((1,) * (rank - m.ndim) + m.shape) for m in present], jnp.bool_)
 
 
+@overload
+def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: Literal[True],
+                        window: tuple[int, int] | None = None) -> jax.Array: ...
+@overload
+def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: bool,
+                        window: tuple[int, int] | None = None) -> jax.Array | None: ...
 def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: bool,
                         window: tuple[int, int] | None = None) -> jax.Array | None:
     """Where the causal / sliding-window structure lets a query attend a key, by absolute positions.

@@ -11,7 +11,6 @@ sown weights, the decode-cache step with beam search's reads (`attention.cache`,
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 
@@ -80,7 +79,9 @@ def decode_step(state: tuple, key: jax.Array, value: jax.Array, mask: jax.Array 
     beams' histories spread out: returned as they are with the table if `beams_in_place`, else
     gathered into each beam's own keys/values and the table None. -> (`cache.Step`, beam_rows).
     """
-    step = cache.step(*state, key, value, mask, num_heads=num_heads, lengths=lengths, formulation=formulation)
+    cached_key, cached_value, index = state
+    step = cache.step(cached_key, cached_value, index, key, value, mask, num_heads=num_heads, lengths=lengths,
+                      formulation=formulation)
     if beam_rows is None:
         return step, None
     beams.check_rows(beam_rows, step.cached_key.shape[:-3], step.cached_key.shape[-2])
@@ -171,8 +172,9 @@ def family_heads(spec, member: Callable, project: Callable, use_cache: Callable,
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
     beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
     """
-    run = functools.partial(member_heads, member, num_heads=num_heads, batch=inputs[0].shape[:-2], is_causal=causal,
-                            **member_kwargs)
+    batch = inputs[0].shape[:-2]
+    run = lambda member_inputs, mask, **extra: member_heads(member, member_inputs, mask, num_heads=num_heads,
+                                                             batch=batch, is_causal=causal, **member_kwargs, **extra)
     if spec.projects:
         return run(inputs[:2], mask, bool_mask=not decode)
     query, key, value = project(*inputs, shared_qk=spec.shared_qk)

@@ -23,14 +23,9 @@ from attention import multihead as mh
 from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
 from attention.geometry import HeadGeometry
-from attention.nnx_state import DecodeState
+from attention.nnx_state import KEPT, DecodeState
 
-_EMPTY = MappingProxyType({})
-_KEPT = (  # the constructor arguments kept as attributes (Flax's layer keeps them so)
-    "in_features", "dtype", "param_dtype", "broadcast_dropout", "dropout_rate", "deterministic", "precision", "use_bias",
-    "attention_fn", "decode", "normalize_qk", "qkv_promote_dtype", "out_promote_dtype", "ln_promote_dtype",
-    "qkv_dot_general", "out_dot_general", "qkv_dot_general_cls", "out_dot_general_cls", "impl", "block_sizes",
-    "fused_qkv", "attention_type", "formulation", "cache_cross_kv")
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class MultiHeadAttention(DecodeState, nnx.Module):
@@ -79,7 +74,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
                 f"None or in_features ({in_features}): fused_qkv=True is self-attention")
         options = family.check_options(attention_type, attention_options)  # checks the name too
         arguments = locals()
-        for name in _KEPT:
+        for name in KEPT:
             setattr(self, name, arguments[name])
         self.attention_options = MappingProxyType(options)
         spec = family.member(attention_type)

@@ -174,7 +174,7 @@ def greedy_decode(
     return (s.tokens, s.step) if return_steps else s.tokens
 
 
-def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array | float:
     """GNMT's ((5 + length) / 6) ** alpha."""
     return ((5.0 + length) / 6.0) ** alpha
 

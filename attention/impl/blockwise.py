@@ -73,7 +73,8 @@ def block_schedule(
         lo = np.maximum(lo, rows - window[0])
         hi = np.minimum(hi, rows + window[1])
     real = (rows < query_length) & (lo <= hi)
-    full, partial = [], []
+    full: list[tuple[int, int]] = []
+    partial: list[tuple[int, int]] = []
     for i in range(nq):
         sl = slice(i * block_q, (i + 1) * block_q)
         if not real[sl].any():
