@@ -32,12 +32,11 @@ import jax.numpy as jnp
 
 from attention.formulation import Formulation, logits_dtype, resolve
 
-Array = Any
 ROWS = "beam_rows"  # the table, beside a layer's `cached_key` in the `cache` collection
 ROWS_READ = "beam_rows_read"  # what a layer that read its cache through the table adds beside it
 
 
-def check_rows(beam_rows: Array, batch: tuple, max_length: int) -> None:
+def check_rows(beam_rows: jax.Array, batch: tuple, max_length: int) -> None:
     """ValueError unless `beam_rows` is `[sources, beams, max_length]` with sources * beams the cache's one batch axis."""
     batch = tuple(batch)
     if (beam_rows.ndim != 3 or len(batch) != 1 or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
@@ -46,16 +45,16 @@ def check_rows(beam_rows: Array, batch: tuple, max_length: int) -> None:
                          f"batch {batch}, got shape {beam_rows.shape}")
 
 
-def gather_history(x: Array, beam_rows: Array) -> Array:
+def gather_history(x: jax.Array, beam_rows: jax.Array) -> jax.Array:
     """x `[B*K, L, G, D]` (a cache in the caller's layout), beam_rows `[B, K, L]` -> each beam's own `[B*K, L, G, D]`."""
     B, K, L = beam_rows.shape
     by_source = x.reshape(B, K, *x.shape[1:])
     return jnp.take_along_axis(by_source, beam_rows[:, :, :, None, None], axis=1).reshape(x.shape)
 
 
-def history_attention(query: Array, key: Array, value: Array, beam_rows: Array, mask: Array,
-                      dtype: Any = None, precision: Any = None, bias: Array | None = None,
-                      formulation: Formulation | None = None) -> Array:
+def history_attention(query: jax.Array, key: jax.Array, value: jax.Array, beam_rows: jax.Array, mask: jax.Array,
+                      dtype: Any = None, precision: Any = None, bias: jax.Array | None = None,
+                      formulation: Formulation | None = None) -> jax.Array:
     """Each beam's queries attend its own history in the shared cache.
 
     query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's

@@ -13,48 +13,49 @@ per-sequence one with a scatter; both follow that one rule (tests/attention/test
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from attention.formulation import Formulation, resolve
 from attention.masks import and_masks, as_bool_mask, causal_from
 
-Array = Any
-
 
 class Step(NamedTuple):
     """What one decode call leaves: the state to store, and what the attention reads."""
 
-    cached_key: Array  # [batch..., G, max_length, d_k], written
-    cached_value: Array  # [batch..., G, max_length, d_v], written
-    index: Array  # the next free positions, [] or [batch...]
-    key: Array  # the whole cache in the caller's layout, [batch..., max_length, G, d_k]
-    value: Array  # [batch..., max_length, G, d_v]
-    mask: Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
-    offset: Array  # the first new query's absolute position (the index before the write), [] or [batch...]
+    cached_key: jax.Array  # [batch..., G, max_length, d_k], written
+    cached_value: jax.Array  # [batch..., G, max_length, d_v], written
+    next_index: jax.Array  # the next free positions, [] or [batch...]: index advanced by the new tokens
+    key: jax.Array  # the whole cache in the caller's layout, [batch..., max_length, G, d_k]
+    value: jax.Array  # [batch..., max_length, G, d_v]
+    mask: jax.Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
+    offset: jax.Array  # the first new query's absolute position (the index before the write), [] or [batch...]
 
 
-def step(cached_key: Array, cached_value: Array, index: Array, key: Array, value: Array, mask: Array | None, *,
-         num_heads: int, lengths: Array | None = None, formulation: Formulation | None = None) -> Step:
+def step(cached_key: jax.Array, cached_value: jax.Array, index: jax.Array, key: jax.Array, value: jax.Array,
+         mask: jax.Array | None, *, num_heads: int, lengths: jax.Array | None = None,
+         formulation: Formulation | None = None) -> Step:
     """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
 
     mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
     lengths: the real new tokens per sequence, int `[batch...]` (default L_new; needs a
     per-sequence `index`). `formulation.materialize` sees the written caches (`attention.formulation`).
     """
-    *batch, G, max_length, _ = cached_key.shape
-    batch, new_length = tuple(batch), key.shape[-3]
+    *lead, G, max_length, _ = cached_key.shape
+    batch, new_length = tuple(lead), key.shape[-3]
     if tuple(key.shape[:-3]) != batch or key.shape[-2] != G or new_length > max_length:
         raise ValueError(f"decode: the cache holds {max_length} positions for batch {batch} and {G} KV heads, "
                          f"got keys {key.shape} (at most {max_length} new positions)")
     advance = _advance(lengths, index, batch, new_length)
     mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
-    written = resolve(formulation).materialize((write(cached_key, key, index), write(cached_value, value, index)))
-    mask = and_masks(mask, causal_mask(index, new_length, max_length))
-    to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731 (attend's grouping undoes it: XLA folds the pair)
-    return Step(*written, index + advance, *map(to_caller, written), mask, index)
+    new_key, new_value = resolve(formulation).materialize((write(cached_key, key, index),
+                                                            write(cached_value, value, index)))
+    mask = and_masks(causal_mask(index, new_length, max_length), mask)
+    to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
+    return Step(new_key, new_value, index + advance, to_caller(new_key), to_caller(new_value), mask, index)
 
 
 def _advance(lengths, index, batch, new_length):
@@ -67,7 +68,7 @@ def _advance(lengths, index, batch, new_length):
     return lengths.astype(index.dtype)
 
 
-def write(cache: Array, new: Array, index: Array) -> Array:
+def write(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
     """cache `[batch..., G, L, D]`, new `[batch..., L_new, G, D]`, index `[]` or `[batch...]` -> updated cache.
 
     Row b gets `new[b]` at positions `index[b] .. index[b] + L_new - 1`; positions outside
@@ -108,6 +109,6 @@ def _write_per_sequence(cache, new, index):
     return flat.reshape(cache.shape)
 
 
-def causal_mask(index: Array, new_length: int, max_length: int) -> Array:
+def causal_mask(index: jax.Array, new_length: int, max_length: int) -> jax.Array:
     """`[batch..., 1, L_new, max_length]` bool (`[1, L_new, max_length]` for a scalar index): new query i sees keys <= index + i."""
     return causal_from(index, new_length, max_length)[..., None, :, :]  # the head axis

@@ -26,7 +26,9 @@ import inspect
 import logging
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from attention.formulation import Formulation, is_nvidia_gpu, resolve
 from attention.grouped import Options, group_heads, to_grouped
@@ -35,7 +37,6 @@ from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from attention.masks import as_bool_mask, check_float_like, normalize_window
 from attention.checks import is_positive_int
 
-Array = Any
 IMPLS = (*IMPLEMENTATIONS, "auto")
 # impl="auto" on CPU: blockwise once Lq * Lk reaches these many logits per head, vmap below;
 # the crossovers of the forward+backward ratios in results/attention_bench.md.
@@ -44,17 +45,17 @@ AUTO_BLOCKWISE_LOGITS_SKIPPING = 512 * 512
 
 
 def attend(
-    query: Array,
-    key: Array,
-    value: Array,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
-    mask: Array | None = None,
-    bias: Array | None = None,
+    mask: ArrayLike | None = None,
+    bias: ArrayLike | None = None,
     is_causal: bool = False,
     local_window_size: int | tuple[int, int] | None = None,
     impl: str = "vmap",
     dropout_rate: float = 0.0,
-    dropout_rng: Array | None = None,
+    dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
     dtype: Any = None,
     precision: Any = None,
@@ -62,7 +63,7 @@ def attend(
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
     formulation: Formulation | None = None,
-) -> tuple[Array, Array | None]:
+) -> tuple[jax.Array, jax.Array | None]:
     """Multi-head, grouped-query or multi-query attention, and its weights.
 
     Args:
@@ -105,13 +106,15 @@ def attend(
     return out, None if weights is None else weights.reshape(logits_shape)
 
 
-def dot_product_attention(query: Array, key: Array, value: Array, **options: Any) -> Array:
+def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, **options: Any) -> jax.Array:
     """`attend`'s output `[batch..., Lq, H, Dv]` without the weights; the same arguments."""
     out, _ = attend(query, key, value, **options)
     return out
 
 
-dot_product_attention.__signature__ = inspect.signature(attend).replace(return_annotation=Array)
+# inspect.signature reads __signature__, which typeshed does not declare on functions
+dot_product_attention.__signature__ = inspect.signature(attend).replace(  # type: ignore[attr-defined]
+    return_annotation=jax.Array)
 
 
 def _options(is_causal, local_window_size, dropout_rate, dropout_rng, broadcast_dropout, precision, block_q, block_k,

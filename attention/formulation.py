@@ -22,8 +22,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-Array = Any
-
 
 def logits_dtype(dtype):
     """The dtype of logits and softmax: float32, or wider if the inputs are."""
@@ -59,11 +57,11 @@ class Formulation:
     def __hash__(self):
         return hash((type(self), self.platform))
 
-    def scores(self, q: Array, k: Array, *, precision: Any) -> Array:
+    def scores(self, q: jax.Array, k: jax.Array, *, precision: Any) -> jax.Array:
         """One head's logits: q `[Lq, d_k]` (already scaled), k `[Lk, d_k]` -> q kᵀ `[Lq, Lk]` in `logits_dtype`."""
         return jnp.einsum("qd,kd->qk", q, k, precision=precision, preferred_element_type=logits_dtype(q.dtype))
 
-    def mix(self, weights: Array, v: Array, *, precision: Any) -> Array:
+    def mix(self, weights: jax.Array, v: jax.Array, *, precision: Any) -> jax.Array:
         """One head's output: weights `[Lq, Lk]`, v `[Lk, d_v]` -> `[Lq, d_v]` in `logits_dtype(v.dtype)`."""
         return jnp.einsum("qk,kd->qd", weights, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
 

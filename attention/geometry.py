@@ -49,6 +49,7 @@ class HeadGeometry:
         if head_dim is None:
             require(owner, features_name, features, is_positive_int(features),
                      f"a positive int when head_dim is None (d_k = {features_name} / num_heads)")
+            assert isinstance(features, int)  # as just required; narrows `int | None` for the type checker
             require(owner, features_name, features, features % num_heads == 0,
                      f"divisible by num_heads ({num_heads}) when head_dim is None: {features_name} "
                      f"({features}) must be divisible by num_heads ({num_heads})")

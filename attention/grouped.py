@@ -18,12 +18,11 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from attention.formulation import PLAIN
 from attention.masks import and_masks, structure_mask
-
-Array = Any
 
 
 class Options(NamedTuple):
@@ -32,7 +31,7 @@ class Options(NamedTuple):
     is_causal: bool
     window: tuple[int, int] | None  # (left, right)
     dropout_rate: float  # 0.0 when dropout is off
-    dropout_rng: Array | None  # None when dropout is off
+    dropout_rng: jax.Array | None  # None when dropout is off
     broadcast_dropout: bool
     precision: Any
     block_q: int

@@ -9,14 +9,11 @@ and `jax.nn`), and attention dropout drawn as `flax.linen.dot_product_attention_
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from attention.formulation import PLAIN, Formulation
-
-Array = Any
 
 
 def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, formulation: Formulation = PLAIN):

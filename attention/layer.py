@@ -13,14 +13,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from attention import beams, family, flax_compat
 from attention import multihead as mh
 from attention.formulation import resolve
 from attention.geometry import HeadGeometry
-
-Array = Any
 
 
 class MultiHeadAttention(nn.Module):
@@ -53,7 +52,7 @@ class MultiHeadAttention(nn.Module):
     bias_init: Callable = nn.initializers.zeros_init()
     out_bias_init: Callable | None = None
     use_bias: bool = True
-    attention_fn: Callable[..., Array] | None = None
+    attention_fn: Callable[..., jax.Array] | None = None
     decode: bool = False
     normalize_qk: bool = False
     force_fp32_for_softmax: bool = False
@@ -61,8 +60,8 @@ class MultiHeadAttention(nn.Module):
     out_dot_general: Any = None
     qkv_dot_general_cls: Any = None
     out_dot_general_cls: Any = None
-    qk_attn_weights_einsum_cls: Callable[..., Callable[..., Array]] | None = None
-    attn_weights_value_einsum_cls: Callable[..., Callable[..., Array]] | None = None
+    qk_attn_weights_einsum_cls: Callable[..., Callable[..., jax.Array]] | None = None
+    attn_weights_value_einsum_cls: Callable[..., Callable[..., jax.Array]] | None = None
     num_kv_heads: int | None = None
     impl: str = "vmap"
     fused_qkv: bool = False
@@ -75,10 +74,10 @@ class MultiHeadAttention(nn.Module):
     per_sequence_index: bool = False
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,
-                 inputs_kv: Array | None = None, mask: Array | None = None, deterministic: bool | None = None,
-                 dropout_rng: Array | None = None, sow_weights: bool = False, head_mask: Array | None = None,
-                 is_causal: bool = False, lengths: Array | None = None) -> Array:
+    def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None, *,
+                 inputs_kv: jax.Array | None = None, mask: jax.Array | None = None, deterministic: bool | None = None,
+                 dropout_rng: jax.Array | None = None, sow_weights: bool = False, head_mask: jax.Array | None = None,
+                 is_causal: bool = False, lengths: jax.Array | None = None) -> jax.Array:
         """Self-attention on `inputs_q [batch..., Lq, D]`, or cross-attention to `inputs_k`/`inputs_v`.
 
         mask: broadcastable to `[batch..., H, Lq, Lk]`: bool (True = attend) or numeric (non-zero = attend).
@@ -164,7 +163,7 @@ class MultiHeadAttention(nn.Module):
             query, key, value = jnp.split(dense(features=(H + 2 * G, d_k), name="qkv")(inputs_q), [H, H + G], axis=-2)
         else:
             query = dense(features=(H, d_k), name="query")(inputs_q)
-            project_kv = lambda: (  # noqa: E731
+            project_kv = lambda: (
                 query if shared_qk else dense(features=(G, d_k), name="key")(inputs_k),
                 dense(features=(G, geometry.v_head_dim), name="value")(inputs_v),
             )

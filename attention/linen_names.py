@@ -7,13 +7,11 @@ An unnamed `MultiHeadDotProductAttention` submodule gets Flax's automatic path
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import flax.linen as nn
+import jax
 
 from attention.layer import MultiHeadAttention
-
-Array = Any
 
 
 class MultiHeadDotProductAttention(MultiHeadAttention):
@@ -27,8 +25,9 @@ class SelfAttention(MultiHeadDotProductAttention):
     """
 
     @nn.compact
-    def __call__(self, inputs_q: Array, mask: Array | None = None, deterministic: bool | None = None,  # type: ignore[override]
-                 dropout_rng: Array | None = None, sow_weights: bool = False, **kwargs) -> Array:
+    def __call__(self, inputs_q: jax.Array, mask: jax.Array | None = None,  # type: ignore[override]
+                 deterministic: bool | None = None, dropout_rng: jax.Array | None = None, sow_weights: bool = False,
+                 **kwargs) -> jax.Array:
         """`inputs_q [batch..., L, D]` -> `[batch..., L, out_features or D]`; kwargs: head_mask, is_causal."""
         warnings.warn(
             "SelfAttention will be deprecated soon. Use `MultiHeadDotProductAttention.__call__(inputs_q)` instead. "

@@ -16,21 +16,21 @@ a float bias. Pass `dtype=jnp.float32` for Flax's return type.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-
-Array = Any
+from jax.typing import ArrayLike
 
 
 def make_attention_mask(
-    query_input: Array,
-    key_input: Array,
-    pairwise_fn: Callable[[Array, Array], Array] = jnp.multiply,
+    query_input: ArrayLike,
+    key_input: ArrayLike,
+    pairwise_fn: Callable[[jax.Array, jax.Array], jax.Array] = jnp.multiply,
     extra_batch_dims: int = 0,
     dtype: Any = jnp.bool_,
-) -> Array:
+) -> jax.Array:
     """Pairwise mask `[batch..., 1, Lq, Lk]` from `query_input [batch..., Lq]`, `key_input [batch..., Lk]`.
 
     As Flax: `mask[..., 0, i, j] = pairwise_fn(query_input[..., i], key_input[..., j])`,
@@ -55,23 +55,23 @@ def make_attention_mask(
     return mask.astype(dtype)
 
 
-def make_causal_mask(x: Array, extra_batch_dims: int = 0, dtype: Any = jnp.bool_) -> Array:
+def make_causal_mask(x: ArrayLike, extra_batch_dims: int = 0, dtype: Any = jnp.bool_) -> jax.Array:
     """Causal self-attention mask `[batch..., 1, L, L]` for `x [batch..., L]` (query i sees keys j <= i)."""
     x = jnp.asarray(x)
     if x.ndim < 1:
         raise ValueError(f"make_causal_mask: x needs a length axis, got shape {x.shape}")
     positions = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
-    causal = lambda q, k: allowed_by_position(q, k, True)  # noqa: E731
+    causal = lambda q, k: allowed_by_position(q, k, True)
     return make_attention_mask(positions, positions, causal, extra_batch_dims=extra_batch_dims, dtype=dtype)
 
 
 def make_padding_mask(
-    tokens: Array | None = None,
+    tokens: ArrayLike | None = None,
     *,
     pad_id: int = 0,
-    lengths: Array | None = None,
+    lengths: ArrayLike | None = None,
     max_length: int | None = None,
-) -> Array:
+) -> jax.Array:
     """Key-padding mask `[batch..., 1, 1, L]`: True where the key is a real token.
 
     Give either `tokens [batch..., L]` (pad positions are `tokens == pad_id`) or
@@ -99,7 +99,7 @@ def make_padding_mask(
     return is_token[..., None, None, :]
 
 
-def combine_masks(*masks: Array | None, dtype: Any = jnp.bool_) -> Array | None:
+def combine_masks(*masks: ArrayLike | None, dtype: Any = jnp.bool_) -> jax.Array | None:
     """Logical AND of the given masks (None entries are skipped); None if none remain."""
     present = [jnp.asarray(m) for m in masks if m is not None]
     if not present:
@@ -123,7 +123,11 @@ def _and_all(present, dtype):
     return mask.astype(dtype)
 
 
-def and_masks(*masks: Array | None) -> Array | None:
+@overload
+def and_masks(first: ArrayLike, /, *masks: ArrayLike | None) -> jax.Array: ...
+@overload
+def and_masks(*masks: ArrayLike | None) -> jax.Array | None: ...
+def and_masks(*masks: ArrayLike | None) -> jax.Array | None:
     """Logical AND of masks of any ranks, aligned on their trailing axes (None skipped)."""
     present = [jnp.asarray(m) for m in masks if m is not None]
     if not present:
@@ -132,8 +136,14 @@ def and_masks(*masks: Array | None) -> Array | None:
     return _and_all([m.reshape((1,) * (rank - m.ndim) + m.shape) for m in present], jnp.bool_)
 
 
-def allowed_by_position(query_pos: Array, key_pos: Array, is_causal: bool,
-                        window: tuple[int, int] | None = None) -> Array | None:
+@overload
+def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: Literal[True],
+                        window: tuple[int, int] | None = None) -> jax.Array: ...
+@overload
+def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: bool,
+                        window: tuple[int, int] | None = None) -> jax.Array | None: ...
+def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: bool,
+                        window: tuple[int, int] | None = None) -> jax.Array | None:
     """Where the causal / sliding-window structure lets a query attend a key, by absolute positions.
 
     query_pos and key_pos broadcast against each other (e.g. `[..., Lq, 1]` and `[..., 1, Lk]`);
@@ -149,7 +159,7 @@ def allowed_by_position(query_pos: Array, key_pos: Array, is_causal: bool,
     return allowed
 
 
-def causal_from(offset: Array | int, query_length: int, key_length: int) -> Array:
+def causal_from(offset: ArrayLike, query_length: int, key_length: int) -> jax.Array:
     """`[*offset.shape, Lq, Lk]` bool: query i, at absolute position offset + i, sees keys j <= offset + i.
 
     A decode step's causality over a cache of `key_length` positions (offset: the first new
@@ -166,7 +176,7 @@ def structure_mask(
     key_length: int,
     is_causal: bool,
     local_window_size: tuple[int, int] | None,
-) -> Array | None:
+) -> jax.Array | None:
     """`[Lq, Lk]` mask for causal / sliding-window structure, aligned top-left as in `jax.nn`.
 
     Query i attends key j when j <= i (causal) and i - left <= j <= i + right (window).
@@ -194,7 +204,7 @@ def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int
     return int(window[0]), int(window[1])
 
 
-def as_bool_mask(name: str, mask: Array | None, target_shape: Sequence[int]) -> Array | None:
+def as_bool_mask(name: str, mask: ArrayLike | None, target_shape: Sequence[int]) -> jax.Array | None:
     """`mask` (bool, or numeric: non-zero = attend) as bool, once checked to broadcast to `target_shape`."""
     if mask is None:
         return None
@@ -207,7 +217,7 @@ def as_bool_mask(name: str, mask: Array | None, target_shape: Sequence[int]) -> 
     return mask if mask.dtype == jnp.bool_ else mask != 0
 
 
-def check_float_like(name: str, array: Array | None, target_shape: Sequence[int]) -> None:
+def check_float_like(name: str, array: jax.Array | None, target_shape: Sequence[int]) -> None:
     """Raise a ValueError unless `array` (bias, head mask) is floating point and broadcasts to `target_shape`."""
     if array is None:
         return

@@ -11,11 +11,10 @@ sown weights, the decode-cache step with beam search's reads (`attention.cache`,
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from attention import beams, cache, family
@@ -23,8 +22,6 @@ from attention.checks import is_positive_int, require
 from attention.core import IMPLS, attend
 from attention.grouped import flatten_batch
 from attention.masks import as_bool_mask, head_multiplier
-
-Array = Any
 
 
 def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: bool, dropout_rate: float) -> dict:
@@ -53,8 +50,8 @@ def check_lengths(lengths, decode: bool) -> None:
         raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
 
 
-def exact_heads(query: Array, key: Array, value: Array, *, sow: Callable | None, impl: str,
-                beam_rows: Array | None = None, **options) -> Array:
+def exact_heads(query: jax.Array, key: jax.Array, value: jax.Array, *, sow: Callable | None, impl: str,
+                beam_rows: jax.Array | None = None, **options) -> jax.Array:
     """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
 
     `sow(weights)`, when given, receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs
@@ -74,15 +71,17 @@ def exact_heads(query: Array, key: Array, value: Array, *, sow: Callable | None,
     return x
 
 
-def decode_step(state: tuple, key: Array, value: Array, mask: Array | None, *, num_heads: int, lengths=None,
-                formulation, beam_rows: Array | None = None, beams_in_place: bool = False):
+def decode_step(state: tuple, key: jax.Array, value: jax.Array, mask: jax.Array | None, *, num_heads: int, lengths=None,
+                formulation, beam_rows: jax.Array | None = None, beams_in_place: bool = False):
     """One decode call over `state = (cached_key, cached_value, index)` (`attention.cache.step`).
 
     Under beam search (`beam_rows` from the `cache` collection, `attention.beams`) the rows hold the
     beams' histories spread out: returned as they are with the table if `beams_in_place`, else
     gathered into each beam's own keys/values and the table None. -> (`cache.Step`, beam_rows).
     """
-    step = cache.step(*state, key, value, mask, num_heads=num_heads, lengths=lengths, formulation=formulation)
+    cached_key, cached_value, index = state
+    step = cache.step(cached_key, cached_value, index, key, value, mask, num_heads=num_heads, lengths=lengths,
+                      formulation=formulation)
     if beam_rows is None:
         return step, None
     beams.check_rows(beam_rows, step.cached_key.shape[:-3], step.cached_key.shape[-2])
@@ -101,7 +100,7 @@ def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None)
     Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back
     to the caller's layout and the attention's own cancel, so no step transposes the source again.
     """
-    swap = lambda x: jnp.swapaxes(x, -3, -2)  # noqa: E731
+    swap = lambda x: jnp.swapaxes(x, -3, -2)
     if stored is not None:
         return tuple(map(swap, stored))
     key, value = project_kv()
@@ -111,8 +110,8 @@ def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None)
     return key, value
 
 
-def member_heads(call: Callable, inputs: tuple, mask: Array | None, *, num_heads: int, batch: tuple,
-                 bool_mask: bool = True, **kwargs) -> Array:
+def member_heads(call: Callable, inputs: tuple, mask: jax.Array | None, *, num_heads: int, batch: tuple,
+                 bool_mask: bool = True, **kwargs) -> jax.Array:
     """A family member on `inputs` (`[batch..., L, ...]` each) with the batch axes flattened, as members take them.
 
     The mask becomes bool and `[B|1, H|1, Lq|1, Lk|1]` here (unless `bool_mask` is False: a member
@@ -166,15 +165,16 @@ def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Ca
         use_bias=layer.use_bias, **dataclasses.asdict(geometry))
 
 
-def family_heads(spec, member: Callable, project: Callable, use_cache: Callable, inputs: tuple, mask: Array | None, *,
-                 num_heads: int, causal: bool, decode: bool, **member_kwargs) -> Array:
+def family_heads(spec, member: Callable, project: Callable, use_cache: Callable, inputs: tuple,
+                 mask: jax.Array | None, *, num_heads: int, causal: bool, decode: bool, **member_kwargs) -> jax.Array:
     """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, checked by `check_member_call`).
 
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
     beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
     """
-    run = functools.partial(member_heads, member, num_heads=num_heads, batch=inputs[0].shape[:-2], is_causal=causal,
-                            **member_kwargs)
+    batch = inputs[0].shape[:-2]
+    run = lambda member_inputs, mask, **extra: member_heads(member, member_inputs, mask, num_heads=num_heads,
+                                                             batch=batch, is_causal=causal, **member_kwargs, **extra)
     if spec.projects:
         return run(inputs[:2], mask, bool_mask=not decode)
     query, key, value = project(*inputs, shared_qk=spec.shared_qk)
@@ -199,7 +199,7 @@ def check_member_call(owner: str, layer, geometry, *, is_self: bool, values_are_
     )
 
 
-def gate_heads(x: Array, head_mask: Array | None, num_heads: int) -> Array:
+def gate_heads(x: jax.Array, head_mask: jax.Array | None, num_heads: int) -> jax.Array:
     """Heads `[batch..., Lq, H, d_v]`, each scaled by `head_mask` (broadcastable to `[batch..., H]`)."""
     if head_mask is None:
         return x

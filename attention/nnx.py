@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes, initializers
@@ -22,15 +23,9 @@ from attention import multihead as mh
 from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
 from attention.geometry import HeadGeometry
-from attention.nnx_state import DecodeState
+from attention.nnx_state import KEPT, DecodeState
 
-Array = Any
-_EMPTY = MappingProxyType({})
-_KEPT = (  # the constructor arguments kept as attributes (Flax's layer keeps them so)
-    "in_features", "dtype", "param_dtype", "broadcast_dropout", "dropout_rate", "deterministic", "precision", "use_bias",
-    "attention_fn", "decode", "normalize_qk", "qkv_promote_dtype", "out_promote_dtype", "ln_promote_dtype",
-    "qkv_dot_general", "out_dot_general", "qkv_dot_general_cls", "out_dot_general_cls", "impl", "block_sizes",
-    "fused_qkv", "attention_type", "formulation", "cache_cross_kv")
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class MultiHeadAttention(DecodeState, nnx.Module):
@@ -51,11 +46,11 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         param_dtype: Any = jnp.float32, broadcast_dropout: bool = True, dropout_rate: float = 0.0,
         deterministic: bool | None = None, precision: Any = None, kernel_init: Callable = default_kernel_init,
         out_kernel_init: Callable | None = None, bias_init: Callable = initializers.zeros_init(),
-        out_bias_init: Callable | None = None, use_bias: bool = True, attention_fn: Callable[..., Array] | None = None,
-        decode: bool | None = None, normalize_qk: bool = False, qkv_promote_dtype: Callable = dtypes.promote_dtype,
+        out_bias_init: Callable | None = None, use_bias: bool = True, normalize_qk: bool = False,
+        attention_fn: Callable[..., jax.Array] | None = None, qkv_promote_dtype: Callable = dtypes.promote_dtype,
         out_promote_dtype: Callable = dtypes.promote_dtype, ln_promote_dtype: Callable = dtypes.promote_dtype,
         qkv_dot_general: Any = None, out_dot_general: Any = None, qkv_dot_general_cls: Any = None,
-        out_dot_general_cls: Any = None, rngs: nnx.Rngs, keep_rngs: bool = True,
+        out_dot_general_cls: Any = None, rngs: nnx.Rngs, keep_rngs: bool = True, decode: bool | None = None,
         kernel_metadata: Mapping[str, Any] = _EMPTY, out_kernel_metadata: Mapping[str, Any] = _EMPTY,
         bias_metadata: Mapping[str, Any] = _EMPTY, out_bias_metadata: Mapping[str, Any] = _EMPTY,
         query_ln_scale_metadata: Mapping[str, Any] = _EMPTY, key_ln_scale_metadata: Mapping[str, Any] = _EMPTY,
@@ -79,7 +74,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
                 f"None or in_features ({in_features}): fused_qkv=True is self-attention")
         options = family.check_options(attention_type, attention_options)  # checks the name too
         arguments = locals()
-        for name in _KEPT:
+        for name in KEPT:
             setattr(self, name, arguments[name])
         self.attention_options = MappingProxyType(options)
         spec = family.member(attention_type)
@@ -130,16 +125,17 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             bias_metadata=out_bias_metadata, **common)
 
     def __call__(
-        self, inputs_q: Array, inputs_k: Array | None = None, inputs_v: Array | None = None, *,
-        mask: Array | None = None, deterministic: bool | None = None, rngs: nnx.Rngs | nnx.RngStream | None = None,
+        self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None, *,
+        mask: jax.Array | None = None, deterministic: bool | None = None, rngs: nnx.Rngs | nnx.RngStream | None = None,
         sow_weights: bool = False, decode: bool | None = None, is_causal: bool = False, out_sharding: Any = None,
-        qkv_sharding: Any = None, input_positions: Array | None = None, head_mask: Array | None = None,
-        lengths: Array | None = None,
-    ) -> Array:
+        qkv_sharding: Any = None, input_positions: jax.Array | None = None, head_mask: jax.Array | None = None,
+        lengths: jax.Array | None = None,
+    ) -> jax.Array:
         """`inputs_q [batch..., Lq, in_features]` (`inputs_k`/`inputs_v [batch..., Lk, in_kv_features]`) -> `[batch..., Lq, out_features]`.
 
         As Flax's, plus head_mask (float, broadcastable to `[batch..., H]`, scales each head before
-        W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`).
+        W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`). Weights sown as
+        Flax's layer sows them: `nnx.capture(layer, nnx.Intermediate)(x, sow_weights=True)` collects them.
         """
         inputs_k, inputs_v = flax_compat.resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
         decode = bool(decode if decode is not None else self.decode)
@@ -176,7 +172,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
-        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)  # noqa: E731
+        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)
         return mh.family_heads(spec, member, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal,
                                decode=decode, mutable=["cache"] if own_state else False)  # ToNNX keeps the new state
 
@@ -191,7 +187,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             query, key, value = jnp.split(qkv, [self.num_heads, self.num_heads + self.num_kv_heads], axis=-2)
         else:
             query = self.query(inputs_q, out_sharding=sharding)
-            project_kv = lambda: (query if shared_qk else self.key(inputs_k, out_sharding=sharding),  # noqa: E731
+            project_kv = lambda: (query if shared_qk else self.key(inputs_k, out_sharding=sharding),
                                   self.value(inputs_v, out_sharding=sharding))
             key, value = self._cross_kv(project_kv) if cross else project_kv()
         if self.normalize_qk:

@@ -1,15 +1,18 @@
 """The NNX layer's decode state: Flax NNX's entry points (`init_cache`, `set_view`) and the per-call reads and writes.
 
 A mixin of `attention.nnx.MultiHeadAttention`, which provides the settings it reads (`geometry`,
-`attention_type`, `cache_cross_kv`, ...). The state is one of three: the KV cache (`cached_key`,
-`cached_value`, `cache_index [batch...]`, `attention.cache`), a family member's own state, or a
-cross-attention's stored source keys/values (`cross_key`, `cross_value`).
+`attention_type`, `cache_cross_kv`, ...; the constructor arguments it keeps are declared, typed, in
+`Settings`). The state is one of three: the KV cache (`cached_key`, `cached_value`, `cache_index
+[batch...]`, `attention.cache`), a family member's own state, or a cross-attention's stored source
+keys/values (`cross_key`, `cross_value`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -17,7 +20,42 @@ from attention import family
 from attention import multihead as mh
 
 
-class DecodeState:
+class Settings:
+    """The constructor arguments the NNX layer keeps as attributes (Flax's layer keeps them so), typed.
+
+    `attention.nnx.MultiHeadAttention.__init__` sets each one named here (`KEPT`), in this order.
+    """
+
+    in_features: int
+    dtype: Any
+    param_dtype: Any
+    broadcast_dropout: bool
+    dropout_rate: float
+    deterministic: bool | None
+    precision: Any
+    use_bias: bool
+    attention_fn: Callable[..., jax.Array] | None
+    decode: bool | None
+    normalize_qk: bool
+    qkv_promote_dtype: Callable
+    out_promote_dtype: Callable
+    ln_promote_dtype: Callable
+    qkv_dot_general: Any
+    out_dot_general: Any
+    qkv_dot_general_cls: Any
+    out_dot_general_cls: Any
+    impl: str
+    block_sizes: tuple[int, int] | None
+    fused_qkv: bool
+    attention_type: str
+    formulation: Any
+    cache_cross_kv: bool
+
+
+KEPT = tuple(Settings.__annotations__)
+
+
+class DecodeState(Settings):
     """The NNX layer's decode variables: allocated by `init_cache` / `set_view`, read and written by its calls."""
 
     def _has_cache(self):

@@ -29,8 +29,6 @@ from jax import lax
 from attention import beams as attention_beams
 from attention import formulation as attention_formulation
 
-Array = Any
-
 
 def init_cache(model, params, encoded, src_tokens, max_len: int):
     """An empty decode cache for `max_len` target positions and batch `src_tokens.shape[0]`.
@@ -124,17 +122,17 @@ def _check_args(model, src_tokens, max_len):
 class _Greedy(NamedTuple):
     """Loop state; B sources, T = max_len."""
 
-    step: Array  # [] int32: tokens generated so far
+    step: jax.Array  # [] int32: tokens generated so far
     cache: Any  # decoder cache, batch B (None until `_grown_loop` allocates it)
-    last: Array  # [B] int32: the token each row feeds next
-    tokens: Array  # [B, T] int32
-    finished: Array  # [B] bool
+    last: jax.Array  # [B] int32: the token each row feeds next
+    tokens: jax.Array  # [B, T] int32
+    finished: jax.Array  # [B] bool
 
 
 def greedy_decode(
-    model, params, src_tokens: Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH,
-    return_steps: bool = False, limit: Array | None = None,
-) -> Array | tuple[Array, Array]:
+    model, params, src_tokens: jax.Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH,
+    return_steps: bool = False, limit: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
 
     Stops early once every sequence has produced EOS. `first_cache_length`: see `cache_lengths`.
@@ -176,7 +174,7 @@ def greedy_decode(
     return (s.tokens, s.step) if return_steps else s.tokens
 
 
-def length_penalty(length: Array, alpha: float) -> Array:
+def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array | float:
     """GNMT's ((5 + length) / 6) ** alpha."""
     return ((5.0 + length) / 6.0) ** alpha
 
@@ -184,21 +182,21 @@ def length_penalty(length: Array, alpha: float) -> Array:
 class _Beams(NamedTuple):
     """Loop state; B sources, K beams, T = max_len. Alive beams never contain EOS."""
 
-    step: Array  # [] int32: tokens generated so far
+    step: jax.Array  # [] int32: tokens generated so far
     cache: Any  # decoder cache, batch B*K (beam-major within each source; None until allocated)
-    rows: Array  # [B, K, T] int32: the cache row (beam of the source) holding each position of each beam
-    last: Array  # [B, K] int32: token each alive beam feeds next
-    alive_seqs: Array  # [B, K, T] int32
-    alive_logp: Array  # [B, K] float32, sorted descending; -inf = no hypothesis
-    finished_seqs: Array  # [B, K, T] int32 (EOS included, pad after)
-    finished_scores: Array  # [B, K] float32 length-penalised, sorted descending; -inf = empty slot
+    rows: jax.Array  # [B, K, T] int32: the cache row (beam of the source) holding each position of each beam
+    last: jax.Array  # [B, K] int32: token each alive beam feeds next
+    alive_seqs: jax.Array  # [B, K, T] int32
+    alive_logp: jax.Array  # [B, K] float32, sorted descending; -inf = no hypothesis
+    finished_seqs: jax.Array  # [B, K, T] int32 (EOS included, pad after)
+    finished_scores: jax.Array  # [B, K] float32 length-penalised, sorted descending; -inf = empty slot
 
 
 def beam_search(
-    model, params, src_tokens: Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
+    model, params, src_tokens: jax.Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
     return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH, return_steps: bool = False,
-    limit: Array | None = None, reorder_cache: bool = True, logits_barrier: bool = True,
-) -> tuple[Array, ...]:
+    limit: jax.Array | None = None, reorder_cache: bool = True, logits_barrier: bool = True,
+) -> tuple[jax.Array, ...]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
     Returns (tokens [B, max_len] int32, scores [B] float32) of the best hypothesis, or all

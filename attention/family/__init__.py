@@ -50,6 +50,14 @@ def member(attention_type: str) -> Member | None:
     return ATTENTION_TYPES[attention_type]
 
 
+def family_member(attention_type: str) -> Member:
+    """`member(attention_type)` for a family member: a ValueError for "softmax" (the layer's own attention) too."""
+    spec = member(attention_type)
+    if spec is None:
+        raise ValueError(f"attention_type = {attention_type!r} is the layer's exact attention, not a family member")
+    return spec
+
+
 def check_options(attention_type: str, options) -> dict:
     """`options` (a mapping or None) as a dict, once checked against the member's fields."""
     options = dict(options or {})
@@ -71,7 +79,7 @@ def check_call(owner: str, attention_type: str, geometry, *, is_self: bool, valu
 
     `owner` names the layer class in the ValueError; `values_are_keys`: inputs_v is inputs_k.
     """
-    spec = member(attention_type)
+    spec = family_member(attention_type)
     problems = [
         (attention_fn is not None, "attention_fn", "None (a user attention_fn replaces softmax only)"),
         (dropout_rate > 0.0, "dropout_rate", "0.0 (the family members have no attention dropout)"),
@@ -114,7 +122,7 @@ def decode_state(module, input_shapes) -> tuple:
 
 def instantiate(attention_type: str, options: dict, **layer_values):
     """The member's Linen module, named `attention_type`, with `options` and the layer values its fields take."""
-    module = member(attention_type).module
+    module = family_member(attention_type).module
     fields = {f.name for f in dataclasses.fields(module)}
     return module(**{k: v for k, v in layer_values.items() if k in fields}, **options, name=attention_type)
 

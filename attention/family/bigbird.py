@@ -13,8 +13,6 @@ j <= i, the diagonal masked inside. Cost O(N (2w + 1 + g + r) b), global rows O(
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +20,6 @@ import numpy as np
 from attention.family.member import LayerFilled
 from attention.grouped import Options, group_heads, to_grouped
 from attention.impl import blockwise
-
-Array = Any
 
 
 def block_pairs(num_blocks: int, window_blocks: int, global_blocks: int, random_blocks: int, seed: int,

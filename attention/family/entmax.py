@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -24,11 +23,10 @@ import jax.numpy as jnp
 from attention.family.member import LayerFilled, grouped_queries
 from attention.masks import causal_from
 
-Array = Any
 _ALPHA_MIN = 1.0 + 1e-3  # α is clipped here: at α = 1 the closed form divides by α − 1
 
 
-def entmax(logits: Array, alpha: Array, iterations: int = 30) -> Array:
+def entmax(logits: jax.Array, alpha: jax.Array, iterations: int = 30) -> jax.Array:
     """α-entmax over the last axis; `alpha` broadcastable to `logits.shape[:-1] + (1,)`, same rank.
 
     `-inf` logits get weight 0; a row of only `-inf` must not occur (the caller makes it uniform).

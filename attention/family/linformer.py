@@ -16,16 +16,12 @@ the identity: Linformer then starts as exact attention.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax.numpy as jnp
 
 from attention.checks import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled, key_padding
-
-Array = Any
 
 
 def _uniform_init(k):

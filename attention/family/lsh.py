@@ -13,8 +13,6 @@ masks can be honoured; causal masking compares the original positions.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -24,12 +22,11 @@ from attention.checks import require_positive_ints
 from attention.family.member import LayerFilled, key_padding
 from attention.masks import allowed_by_position
 
-Array = Any
 _SELF = -1e5  # Reformer's logit for a query's own key
 _MASKED = -1e9
 
 
-def hash_buckets(x: Array, rotations: Array) -> Array:
+def hash_buckets(x: jax.Array, rotations: jax.Array) -> jax.Array:
     """x `[B, H, L, d]`, rotations `[d, n_hashes, n_buckets / 2]` -> buckets `[B, H, n_hashes, L]` int32."""
     rotated = jnp.einsum("bhld,dnk->bhnlk", x, rotations)
     return jnp.argmax(jnp.concatenate([rotated, -rotated], axis=-1), axis=-1).astype(jnp.int32)

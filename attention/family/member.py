@@ -19,10 +19,8 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
-
-
-Array = Any
 
 
 class Member(NamedTuple):
@@ -59,7 +57,7 @@ LAYER_FIELDS = (
 )
 
 
-def key_padding(attention_type: str, mask: Array | None, key_length: int) -> Array | None:
+def key_padding(attention_type: str, mask: jax.Array | None, key_length: int) -> jax.Array | None:
     """A mask `[B|1, H|1, Lq|1, Lk|1]` that only removes keys -> `[B|1, Lk]` bool (None stays None).
 
     Members that mix keys before the queries see them (low-rank, kernel, hashing) can honour a
@@ -76,7 +74,7 @@ def key_padding(attention_type: str, mask: Array | None, key_length: int) -> Arr
     return jnp.broadcast_to(mask[:, 0, 0, :], (mask.shape[0], key_length))
 
 
-def grouped_queries(query: Array, num_kv_heads: int) -> Array:
+def grouped_queries(query: jax.Array, num_kv_heads: int) -> jax.Array:
     """`[B, L, H, d]` -> `[B, L, G, R, d]`: query heads grouped by the KV head they share."""
     B, L, H, d = query.shape
     return query.reshape(B, L, num_kv_heads, H // num_kv_heads, d)

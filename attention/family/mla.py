@@ -27,8 +27,6 @@ from attention.family.member import LayerFilled
 from attention.head import softmax
 from attention.masks import and_masks, as_bool_mask
 
-Array = Any
-
 
 class MLA(LayerFilled):
     """Attention over a shared low-rank KV latent of width `latent_dim`, with a latent decode cache."""

@@ -39,12 +39,11 @@ from attention.checks import require_positive_ints
 from attention.family.member import LayerFilled, grouped_queries, key_padding
 from attention.masks import causal_from
 
-Array = Any
 _TINY = 1e-30  # below it a denominator counts as 0: that query (features all underflowed, or padding) outputs 0
 _NO_KEY = -1e30  # the shift before any key: finite, so that rescaling by exp(old − new) never meets −∞ − (−∞)
 
 
-def orthogonal_features(rng: Array, num_features: int, dim: int, dtype: Any = jnp.float32) -> Array:
+def orthogonal_features(rng: jax.Array, num_features: int, dim: int, dtype: Any = jnp.float32) -> jax.Array:
     """`[m, d]`: blocks of d orthonormal rows (QR of a Gaussian), rows rescaled to chi(d) norms."""
     blocks = -(-num_features // dim)
     block_rng, norm_rng = jax.random.split(rng)
@@ -54,7 +53,7 @@ def orthogonal_features(rng: Array, num_features: int, dim: int, dtype: Any = jn
     return (w * norms[:, None]).astype(dtype)
 
 
-def feature_logits(query: Array, key: Array, w: Array) -> tuple[Array, Array]:
+def feature_logits(query: jax.Array, key: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(wᵀx `[..., Lq, H, m]`, wᵀy − |y|²/2 `[..., Lk, G, m]`) in float32, x = q / d^¼, y = k / d^¼."""
     scale = query.shape[-1] ** -0.25
     x_q, x_k = (x.astype(jnp.float32) * scale for x in (query, key))
@@ -62,19 +61,19 @@ def feature_logits(query: Array, key: Array, w: Array) -> tuple[Array, Array]:
     return proj(x_q), proj(x_k) - 0.5 * jnp.sum(x_k * x_k, axis=-1, keepdims=True)
 
 
-def shifted_features(q_logit: Array, k_logit: Array, shift: Array) -> tuple[Array, Array]:
+def shifted_features(q_logit: jax.Array, k_logit: jax.Array, shift: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(φ(Q) `[B, Lq, G, R, m]`, φ(K) `[B, Lk, G, m]`) from their logits and the shift `[B, G, m]`."""
     q_exp = q_logit + shift[:, None, :, None]
     phi_q = jnp.exp(q_exp - lax.stop_gradient(q_exp.max(axis=-1, keepdims=True)))
     return phi_q, jnp.exp(k_logit - shift[:, None])
 
 
-def grown_shift(shift: Array, k_logit: Array) -> Array:
+def grown_shift(shift: jax.Array, k_logit: jax.Array) -> jax.Array:
     """The shift `[B, G, m]` after the keys `k_logit` `[B, Lk, G, m]` (padded keys at −∞ add nothing)."""
     return lax.stop_gradient(jnp.maximum(shift, k_logit.max(axis=1)))
 
 
-def bidirectional(q_logit: Array, k_logit: Array, value: Array) -> Array:
+def bidirectional(q_logit: jax.Array, k_logit: jax.Array, value: jax.Array) -> jax.Array:
     """q_logit `[B, Lq, G, R, m]`, k_logit `[B, Lk, G, m]`, value `[B, Lk, G, d_v]` -> `[B, Lq, G, R, d_v]`."""
     B, _, G, m = k_logit.shape
     phi_q, phi_k = shifted_features(q_logit, k_logit, grown_shift(jnp.full((B, G, m), _NO_KEY), k_logit))
@@ -85,7 +84,8 @@ def bidirectional(q_logit: Array, k_logit: Array, value: Array) -> Array:
     return _normalise(num, den)
 
 
-def causal(q_logit: Array, k_logit: Array, value: Array, state: tuple[Array, Array, Array], chunk: int):
+def causal(q_logit: jax.Array, k_logit: jax.Array, value: jax.Array, state: tuple[jax.Array, jax.Array, jax.Array],
+           chunk: int):
     """Prefix-sum attention continuing `state` = (Σ φ(k)vᵀ `[B, G, m, d_v]`, Σ φ(k) `[B, G, m]`, shift `[B, G, m]`).
 
     Shapes as `bidirectional` with Lq == Lk = L. Returns (out `[B, L, G, R, d_v]`, final state). The

@@ -18,9 +18,8 @@ into the `losses` collection ("span_l1"), which the training step adds to its lo
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from attention.beams import history_attention
@@ -28,10 +27,8 @@ from attention.checks import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled
 
-Array = Any
 
-
-def soft_mask(distance: Array, span: Array, ramp: float) -> Array:
+def soft_mask(distance: jax.Array, span: jax.Array, ramp: float) -> jax.Array:
     """m_z(x) = clip((R + z − x) / R, 0, 1); distance and span broadcast against each other."""
     return jnp.clip((ramp + span - distance) / ramp, 0.0, 1.0)
 

@@ -32,7 +32,6 @@ from jax import lax
 from attention.grouped import Options
 from attention.masks import allowed_by_position
 
-Array = Any
 # 256 x 256: the fastest forward and near-best forward+backward at N = 2048 (results/code_choices.md).
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
@@ -74,7 +73,8 @@ def block_schedule(
         lo = np.maximum(lo, rows - window[0])
         hi = np.minimum(hi, rows + window[1])
     real = (rows < query_length) & (lo <= hi)
-    full, partial = [], []
+    full: list[tuple[int, int]] = []
+    partial: list[tuple[int, int]] = []
     for i in range(nq):
         sl = slice(i * block_q, (i + 1) * block_q)
         if not real[sl].any():
@@ -90,8 +90,9 @@ def block_schedule(
 
 
 def attention(
-    q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None, options: Options, plan: Schedule | None = None
-) -> tuple[Array, None]:
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, bias: jax.Array | None, options: Options,
+    plan: Schedule | None = None,
+) -> tuple[jax.Array, None]:
     """The `attention.grouped` signature: q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]` -> (`[B, Lq, G, R, Dv]`, None).
 
     Pads the lengths to whole blocks, lays the arrays out for the kernel and calls it; JAX

@@ -1,6 +1,7 @@
 """`attention.nnx.MultiHeadAttention` against `flax.nnx.MultiHeadAttention` itself: same params, same outputs."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -70,12 +71,17 @@ def test_dropout_with_the_same_rngs_matches_flax():
     assert not np.allclose(run(ours, X, deterministic=False), run(ours, X, deterministic=True))
 
 
+def sown_weights(layer, *args, **kwargs):
+    """The layer's output and its `attention_weights` tuple, collected as Flax collects them: `nnx.capture`."""
+    out, intermediates = nnx.capture(layer, nnx.Intermediate)(*args, sow_weights=True, **kwargs)
+    return out, intermediates["attention_weights"].get_value()
+
+
 def test_sown_weights_match_flax():
     theirs, ours = flax_and_ours(4, 16, num_kv_heads=2, attention_fn=nnx.dot_product_attention)
     ours.attention_fn = None  # ours through attention.attend, theirs through Flax's function
-    theirs(X, sow_weights=True, mask=nnx.make_causal_mask(X[..., 0]))
-    ours(X, sow_weights=True, mask=nnx.make_causal_mask(X[..., 0]))
-    (w_theirs,), (w_ours,) = theirs.attention_weights.get_value(), ours.attention_weights.get_value()
+    _, (w_theirs,) = sown_weights(theirs, X, mask=nnx.make_causal_mask(X[..., 0]))
+    _, (w_ours,) = sown_weights(ours, X, mask=nnx.make_causal_mask(X[..., 0]))
     assert w_ours.shape == (2, 4, 6, 6)
     np.testing.assert_allclose(w_ours, w_theirs, atol=1e-6)
 
@@ -88,11 +94,25 @@ def test_attention_fn_is_called_as_flax_calls_it():
         return nnx.dot_product_attention(query, key, value, **kwargs)
 
     theirs, ours = flax_and_ours(4, 16, attention_fn=attention_fn, dropout_rate=0.2)
-    np.testing.assert_allclose(
-        ours(X, deterministic=False, sow_weights=True), theirs(X, deterministic=False, sow_weights=True), atol=1e-5
-    )
+    y_ours, w_ours = sown_weights(ours, X, deterministic=False)
+    y_theirs, w_theirs = sown_weights(theirs, X, deterministic=False)
+    np.testing.assert_allclose(y_ours, y_theirs, atol=1e-5)
     assert calls[0] == calls[1] and "module" in calls[0] and "is_causal" in calls[0]
-    np.testing.assert_allclose(ours.attention_weights.get_value()[0], theirs.attention_weights.get_value()[0], atol=1e-6)
+    np.testing.assert_allclose(w_ours[0], w_theirs[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("attention_fn", [None, nnx.dot_product_attention])
+def test_sowing_weights_under_capture_raises_no_sow_deprecation(attention_fn):
+    """Flax deprecates `Module.sow` outside `nnx.capture`; the layer sows only through it, as Flax's layer does."""
+    layer = attention.nnx.MultiHeadAttention(4, 16, attention_fn=attention_fn, decode=False, rngs=nnx.Rngs(0))
+    sow = nnx.jit(nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*sow", category=DeprecationWarning)
+        _, (weights,) = sown_weights(layer, X)
+        _, intermediates = sow(layer, X)
+    assert weights.shape == intermediates["attention_weights"][0].shape == (2, 4, 6, 6)
+    np.testing.assert_allclose(intermediates["attention_weights"][0], weights, atol=1e-6)
+    assert not hasattr(layer, "attention_weights")  # nothing left on the layer
 
 
 @pytest.mark.parametrize("kv_heads", [4, 1])
