@@ -361,3 +361,87 @@ def hlo_counts(hlo: str) -> dict[str, int]:
             fusions[current] = fusions.get(current, 0) + 1
     return {"fusions": sum(n for name, n in fusions.items() if name not in bodies),
             "custom_calls": len(_CUSTOM_CALL.findall(hlo))}
+
+
+# --- the largest batch a device holds ----------------------------------------------------------------------
+
+ROWS_GRANULARITY = 8  # rows the largest-batch search steps by: a batch's rows a multiple of 8 (sublanes, MMA tiles)
+
+
+def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = ROWS_GRANULARITY, data: int = -1,
+                 model: int = 1, devices=None, compile_fn=None, on_compile=None) -> dict:
+    """The most training rows (a multiple of `granularity`) whose train step fits a device of `target`.
+
+    A compile fits where `memory_bytes["needed"]` <= the chip's HBM (what `refusal` accepts); one XLA
+    refuses (`DoesNotFit`) does not. Compiles are slow, so the search is seeded by a line: the train
+    step at `lo` and `hi` rows gives needed = a + b * rows, whose largest fitting multiple of
+    `granularity` is compiled (it must fit) with the next multiple above (it must not). Only where
+    one of those disagrees with the line does the search narrow by bisection between the largest
+    rows that fit and the fewest that do not, on multiples of `granularity` (doubling the step
+    upwards while nothing above is known not to fit). Needed memory is taken to grow with rows.
+
+    compile_fn(config, target, data, model, rows=, programs=, devices=) -> {"train": `program_report`}
+    (`compile_programs`; a test passes a fake); on_compile(entry) is called after each compile.
+    Returns {"rows": the answer (0: not even `granularity` rows fit), "needed_bytes": its need, "hbm_bytes",
+    "granularity", "line": (a, b) bytes or None, "predicted": the line's rows or None, "compiles": [entry]},
+    an entry being {"rows", "stage", "needed_bytes" (None where refused), "fits", "why", "compile_s"}.
+    """
+    if granularity < 1 or not 0 < lo < hi or lo % granularity or hi % granularity:
+        raise ValueError(f"largest rows: seeds lo = {lo}, hi = {hi} must be multiples of the granularity {granularity}, "
+                         f"0 < lo < hi")
+    compile_fn = compile_programs if compile_fn is None else compile_fn
+    if devices is None and compile_fn is compile_programs:
+        devices = compile_only_devices(target)
+    hbm = target.chip.hbm_gib * GIB
+    compiles, seen = [], {}
+
+    def fits(rows: int, stage: str) -> bool:
+        if rows in seen:
+            return seen[rows]["fits"]
+        try:
+            report = compile_fn(config, target, data, model, rows=rows, programs=("train",), devices=devices)["train"]
+        except DoesNotFit as refused:
+            entry = {"rows": rows, "stage": stage, "needed_bytes": None, "fits": False, "why": str(refused), "compile_s": None}
+        else:
+            needed = report["memory_bytes"]["needed"]
+            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": needed <= hbm,
+                     "why": refusal("train", report), "compile_s": report.get("compile_s")}
+        compiles.append(entry)
+        seen[rows] = entry
+        if on_compile is not None:
+            on_compile(entry)
+        return entry["fits"]
+
+    def measured(rows: int) -> bool:
+        return rows in seen and seen[rows]["needed_bytes"] is not None
+
+    fits(lo, "seed")
+    if measured(lo):  # refused at lo: no line to draw, the answer lies below
+        fits(hi, "seed")
+    line = predicted = None
+    if measured(lo) and measured(hi):
+        slope = (seen[hi]["needed_bytes"] - seen[lo]["needed_bytes"]) / (hi - lo)
+        intercept = seen[lo]["needed_bytes"] - slope * lo
+        line = (intercept, slope)
+        if slope > 0:
+            predicted = max(0, int((hbm - intercept) / slope) // granularity * granularity)
+            if predicted:
+                fits(predicted, "confirm")
+            fits(predicted + granularity, "confirm")
+
+    def bounds() -> tuple[int, int | None]:
+        best = max((r for r, e in seen.items() if e["fits"]), default=0)
+        above = [r for r, e in seen.items() if not e["fits"] and r > best]
+        return best, min(above, default=None)
+
+    best, least = bounds()
+    step = granularity
+    while least is None:  # nothing known not to fit: gallop upwards
+        step *= 2
+        fits(best + step, "search")
+        best, least = bounds()
+    while least - best > granularity:
+        fits((best + least) // 2 // granularity * granularity, "bisect")
+        best, least = bounds()
+    return {"rows": best, "needed_bytes": seen[best]["needed_bytes"] if best else None, "hbm_bytes": hbm,
+            "granularity": granularity, "line": line, "predicted": predicted, "compiles": compiles}

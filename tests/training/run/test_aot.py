@@ -103,3 +103,60 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 """
     assert aot.hlo_counts(hlo) == {"fusions": 1, "custom_calls": 1}
     assert aot.collectives(hlo)["all-reduce"] == (1, 16 + 12)
+
+
+def _fake_compile(needed_of):
+    """A compile function whose train step needs `needed_of(rows)` bytes (None: XLA refuses it), and its calls."""
+    calls = []
+
+    def compile_fn(config, target, data, model, rows, programs, devices):
+        calls.append(rows)
+        needed = needed_of(rows)
+        if needed is None:
+            raise aot.DoesNotFit(f"the train step needs more than a {target.chip.name} has")
+        return {"train": {"target": target.name, "hbm_gib": target.chip.hbm_gib, "memory_bytes": {"needed": needed},
+                          "compile_s": 1.0}}
+    return compile_fn, calls
+
+
+V5E = aot.parse_target("tpu:v5e")  # 16 GiB
+LINE = lambda rows: aot.GIB + rows * (aot.GIB // 10)  # noqa: E731  1 GiB + 0.1 GiB a row: 16 GiB at 150 rows
+
+
+def _largest(needed_of, lo=32, hi=64):
+    compile_fn, calls = _fake_compile(needed_of)
+    return aot.largest_rows(None, V5E, lo, hi, compile_fn=compile_fn), calls
+
+
+def _brute_force(needed_of, granularity=8):
+    fits = lambda r: (n := needed_of(r)) is not None and n <= 16 * aot.GIB  # noqa: E731
+    return max(r for r in range(granularity, 1024, granularity) if fits(r))
+
+
+def test_largest_rows_on_a_line_takes_the_seeds_and_two_confirmations():
+    result, calls = _largest(LINE)
+    assert result["rows"] == 144 == _brute_force(LINE) and result["needed_bytes"] == LINE(144)
+    assert calls == [32, 64, 144, 152] and result["predicted"] == 144
+    assert [c["stage"] for c in result["compiles"]] == ["seed", "seed", "confirm", "confirm"]
+    assert [c["fits"] for c in result["compiles"]] == [True, True, True, False]
+
+
+@pytest.mark.parametrize("needed_of", [
+    lambda r: LINE(r) + (3 * aot.GIB if r > 100 else 0),  # the line over-predicts: bisect below its prediction
+    lambda r: None if r > 120 else LINE(r),  # XLA refuses above 120 rows (a TPU's usable HBM)
+    lambda r: aot.GIB + min(r, 100) * (aot.GIB // 10) + max(r - 100, 0) * (aot.GIB // 40),  # under-predicts: search upwards
+    lambda r: None if r > 20 else LINE(r),  # the seeds do not fit: bisect from 0
+], ids=["over", "refused", "under", "seeds_refused"])
+def test_largest_rows_narrows_where_the_line_is_wrong(needed_of):
+    result, calls = _largest(needed_of)
+    assert result["rows"] == _brute_force(needed_of) and result["rows"] % 8 == 0
+    assert len(calls) == len(set(calls)) < 1024 // 8 // 4  # no row count compiled twice, far fewer than a scan
+    assert any(not c["fits"] and c["rows"] == result["rows"] + 8 for c in result["compiles"])
+
+
+def test_largest_rows_when_nothing_fits_and_bad_seeds():
+    result, _ = _largest(lambda r: None)
+    assert result["rows"] == 0 and result["needed_bytes"] is None
+    for lo, hi in ((30, 64), (64, 32), (0, 64)):
+        with pytest.raises(ValueError, match="multiples of the granularity 8"):
+            _largest(LINE, lo, hi)
