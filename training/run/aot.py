@@ -375,10 +375,11 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
     A compile fits where `memory_bytes["needed"]` <= the chip's HBM (what `refusal` accepts); one XLA
     refuses (`DoesNotFit`) does not. Compiles are slow, so the search is seeded by a line: the train
     step at `lo` and `hi` rows gives needed = a + b * rows, whose largest fitting multiple of
-    `granularity` is compiled (it must fit) with the next multiple above (it must not). Only where
-    one of those disagrees with the line does the search narrow by bisection between the largest
-    rows that fit and the fewest that do not, on multiples of `granularity` (doubling the step
-    upwards while nothing above is known not to fit). Needed memory is taken to grow with rows.
+    `granularity` is compiled (it must fit), then the next multiple above (it must not; not compiled
+    where the first did not fit). Only where one of those disagrees with the line does the search
+    narrow by bisection between the largest rows that fit and the fewest that do not, on multiples
+    of `granularity` (doubling the step upwards while nothing above is known not to fit). Needed
+    memory is taken to grow with rows; XLA's memory plan is not linear in them (results/aot.md).
 
     compile_fn(config, target, data, model, rows=, programs=, devices=) -> {"train": `program_report`}
     (`compile_programs`; a test passes a fake); on_compile(entry) is called after each compile.
@@ -425,9 +426,8 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
         line = (intercept, slope)
         if slope > 0:
             predicted = max(0, int((hbm - intercept) / slope) // granularity * granularity)
-            if predicted:
-                fits(predicted, "confirm")
-            fits(predicted + granularity, "confirm")
+            if not predicted or fits(predicted, "confirm"):  # one that does not fit says the next will not
+                fits(predicted + granularity, "confirm")
 
     def bounds() -> tuple[int, int | None]:
         best = max((r for r, e in seen.items() if e["fits"]), default=0)

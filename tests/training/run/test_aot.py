@@ -151,6 +151,9 @@ def test_largest_rows_narrows_where_the_line_is_wrong(needed_of):
     result, calls = _largest(needed_of)
     assert result["rows"] == _brute_force(needed_of) and result["rows"] % 8 == 0
     assert len(calls) == len(set(calls)) < 1024 // 8 // 4  # no row count compiled twice, far fewer than a scan
+    confirmed = [c for c in result["compiles"] if c["stage"] == "confirm"]
+    if result["predicted"] is not None:  # refused at the seeds: no line, no prediction
+        assert confirmed[0]["rows"] == result["predicted"] and len(confirmed) == 1 + confirmed[0]["fits"]  # none above a refusal
     assert any(not c["fits"] and c["rows"] == result["rows"] + 8 for c in result["compiles"])
 
 
