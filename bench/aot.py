@@ -49,6 +49,8 @@ flags.DEFINE_bool("largest_rows", False, "search the most training rows whose tr
 flags.DEFINE_string("seed_rows", None, "--largest_rows: LO,HI, the two row counts whose memory seeds the search's line, "
                     "multiples of --granularity (default: half the config's rows and its rows, rounded down)")
 flags.DEFINE_integer("granularity", aot.ROWS_GRANULARITY, "--largest_rows: the rows it steps by")
+flags.DEFINE_float("hbm_fraction", 1.0, "--largest_rows: the share of a device's HBM the train step may need (0.75: "
+                   "what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION)")
 flags.mark_flags_as_required(["config", "target"])
 
 MIB = 2**20
@@ -83,7 +85,7 @@ def searched(result: dict) -> str:
         a, b = result["line"]
         lines += ["", f"line through the seeds: needs = {a / gib:.3f} GiB + {b / 2**20:.2f} MiB x rows; "
                       f"predicts {result['predicted']} rows (multiples of {result['granularity']})"]
-    answer = (f"largest rows: {result['rows']} ({result['needed_bytes'] / gib:.2f} GiB of {result['hbm_bytes'] / gib:g})"
+    answer = (f"largest rows: {result['rows']} ({result['needed_bytes'] / gib:.2f} GiB of {result['hbm_bytes'] / gib:.4g})"
               if result["rows"] else f"largest rows: none ({result['granularity']} rows do not fit)")
     return "\n".join([*lines, "", f"{answer}; {len(result['compiles'])} compiles"])
 
@@ -99,15 +101,17 @@ def _largest_rows(config, target, data: int, model: int) -> dict:
         rows, _ = aot.train_shape(config)
         hi = max(2 * granularity, rows // granularity * granularity)
         lo = max(granularity, hi // 2 // granularity * granularity)
-    print(f"train step, rows in multiples of {granularity}; fits: needs <= {target.chip.hbm_gib:g} GiB "
-          f"(XLA refusing it: does not fit)", flush=True)
+    fraction = flags.FLAGS.hbm_fraction
+    share = f"{fraction:g} x {target.chip.hbm_gib:g} = {fraction * target.chip.hbm_gib:.1f}" if fraction != 1 else f"{target.chip.hbm_gib:g}"
+    print(f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB (XLA refusing it: does not fit)",
+          flush=True)
 
     def show(entry):
         needs = "refused" if entry["needed_bytes"] is None else f"{entry['needed_bytes'] / 2**30:.2f} GiB"
         print(f"  {entry['stage']} rows {entry['rows']}: needs {needs}, {'fits' if entry['fits'] else 'does not fit'}"
               + (f" ({entry['why']})" if entry["why"] else ""), flush=True)
 
-    return aot.largest_rows(config, target, lo, hi, granularity, data, model, on_compile=show)
+    return aot.largest_rows(config, target, lo, hi, granularity, data, model, on_compile=show, hbm_fraction=fraction)
 
 
 def main(argv):

@@ -369,11 +369,12 @@ ROWS_GRANULARITY = 8  # rows the largest-batch search steps by: a batch's rows a
 
 
 def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = ROWS_GRANULARITY, data: int = -1,
-                 model: int = 1, devices=None, compile_fn=None, on_compile=None) -> dict:
+                 model: int = 1, devices=None, compile_fn=None, on_compile=None, hbm_fraction: float = 1.0) -> dict:
     """The most training rows (a multiple of `granularity`) whose train step fits a device of `target`.
 
-    A compile fits where `memory_bytes["needed"]` <= the chip's HBM (what `refusal` accepts); one XLA
-    refuses (`DoesNotFit`) does not. Compiles are slow, so the search is seeded by a line: the train
+    A compile fits where `memory_bytes["needed"]` <= `hbm_fraction` of the chip's HBM (1: what `refusal`
+    accepts; 0.75: what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION);
+    one XLA refuses (`DoesNotFit`) does not. Compiles are slow, so the search is seeded by a line: the train
     step at `lo` and `hi` rows gives needed = a + b * rows, whose largest fitting multiple of
     `granularity` is compiled (it must fit), then the next multiple above (it must not; not compiled
     where the first did not fit). Only where one of those disagrees with the line does the search
@@ -393,7 +394,9 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
     compile_fn = compile_programs if compile_fn is None else compile_fn
     if devices is None and compile_fn is compile_programs:
         devices = compile_only_devices(target)
-    hbm = target.chip.hbm_gib * GIB
+    if not 0 < hbm_fraction <= 1:
+        raise ValueError(f"largest rows: hbm_fraction = {hbm_fraction}; expected a share of the chip's HBM in (0, 1]")
+    hbm = target.chip.hbm_gib * GIB * hbm_fraction
     compiles, seen = [], {}
 
     def fits(rows: int, stage: str) -> bool:
@@ -405,8 +408,10 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
             entry = {"rows": rows, "stage": stage, "needed_bytes": None, "fits": False, "why": str(refused), "compile_s": None}
         else:
             needed = report["memory_bytes"]["needed"]
-            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": needed <= hbm,
-                     "why": refusal("train", report), "compile_s": report.get("compile_s")}
+            why = refusal("train", report) or (None if needed <= hbm else f"{PROGRAM_NAMES['train']} needs "
+                                                  f"{needed / GIB:.1f} GiB a device, over {hbm_fraction:g} of its HBM")
+            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": needed <= hbm, "why": why,
+                     "compile_s": report.get("compile_s")}
         compiles.append(entry)
         seen[rows] = entry
         if on_compile is not None:

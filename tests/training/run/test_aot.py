@@ -157,6 +157,13 @@ def test_largest_rows_narrows_where_the_line_is_wrong(needed_of):
     assert any(not c["fits"] and c["rows"] == result["rows"] + 8 for c in result["compiles"])
 
 
+def test_largest_rows_within_a_share_of_the_chip():
+    compile_fn, _ = _fake_compile(LINE)
+    result = aot.largest_rows(None, V5E, 32, 64, compile_fn=compile_fn, hbm_fraction=0.75)  # 12 GiB: 1 + 0.1 x 110
+    assert result["rows"] == 104 and result["hbm_bytes"] == 12 * aot.GIB
+    assert result["compiles"][-1]["why"] == "the train step needs 12.2 GiB a device, over 0.75 of its HBM"
+
+
 def test_largest_rows_when_nothing_fits_and_bad_seeds():
     result, _ = _largest(lambda r: None)
     assert result["rows"] == 0 and result["needed_bytes"] is None
