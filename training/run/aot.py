@@ -365,7 +365,7 @@ def hlo_counts(hlo: str) -> dict[str, int]:
 
 # --- the largest batch a device holds ----------------------------------------------------------------------
 
-ROWS_GRANULARITY = 8  # rows the largest-batch search steps by: a batch's rows a multiple of 8 (sublanes, MMA tiles)
+ROWS_GRANULARITY = 8  # the largest-batch search's step: its answer is a multiple of 8, within 8 rows of the largest
 
 
 def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = ROWS_GRANULARITY, data: int = -1,
@@ -391,11 +391,11 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
     if granularity < 1 or not 0 < lo < hi or lo % granularity or hi % granularity:
         raise ValueError(f"largest rows: seeds lo = {lo}, hi = {hi} must be multiples of the granularity {granularity}, "
                          f"0 < lo < hi")
+    if not 0 < hbm_fraction <= 1:
+        raise ValueError(f"largest rows: hbm_fraction = {hbm_fraction}; expected a share of the chip's HBM in (0, 1]")
     compile_fn = compile_programs if compile_fn is None else compile_fn
     if devices is None and compile_fn is compile_programs:
         devices = compile_only_devices(target)
-    if not 0 < hbm_fraction <= 1:
-        raise ValueError(f"largest rows: hbm_fraction = {hbm_fraction}; expected a share of the chip's HBM in (0, 1]")
     hbm = target.chip.hbm_gib * GIB * hbm_fraction
     compiles, seen = [], {}
 
@@ -422,7 +422,7 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
         return rows in seen and seen[rows]["needed_bytes"] is not None
 
     fits(lo, "seed")
-    if measured(lo):  # refused at lo: no line to draw, the answer lies below
+    if measured(lo):  # else XLA refused lo: no line to draw, and the answer lies below it
         fits(hi, "seed")
     line = predicted = None
     if measured(lo) and measured(hi):
