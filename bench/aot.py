@@ -76,11 +76,13 @@ def table(reports: dict) -> str:
 def searched(result: dict) -> str:
     """A largest-rows search as a Markdown table, one row a compile in order, and its answer."""
     gib = 2**30
-    lines = ["| rows | stage | needs GiB | fits | compile s |", "|---:|---|---:|---|---:|"]
+    lines = ["| rows | stage | needs GiB | fits | rematerialized | compile s |", "|---:|---|---:|---|---:|---:|"]
     for c in result["compiles"]:
         needs = "refused" if c["needed_bytes"] is None else f"{c['needed_bytes'] / gib:.2f}"
         seconds = "" if c["compile_s"] is None else f"{c['compile_s']:.1f}"
-        lines.append(f"| {c['rows']} | {c['stage']} | {needs} | {'yes' if c['fits'] else 'no'} | {seconds} |")
+        remat = "" if c["rematerialized"] is None else c["rematerialized"]
+        lines.append(f"| {c['rows']} | {c['stage']} | {needs} | {'yes' if c['fits'] else 'no'} | {remat} | {seconds} |")
+    lines += ["", "rematerialized: instructions XLA cloned to recompute a value instead of holding it (aot.hlo_counts)"]
     if result["line"] is not None:
         a, b = result["line"]
         lines += ["", f"line through the seeds: needs = {a / gib:.3f} GiB + {b / 2**20:.2f} MiB x rows; "

@@ -336,6 +336,9 @@ _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>[\w.\-]+) .*\{\s*$")
 _FUSION = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+fusion\(.*?calls=%(?P<body>[\w.\-]+)")
 _CUSTOM_CALL = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+custom-call\(")
+# an instruction XLA's rematerialisation cloned to recompute a value instead of keeping it (HloInstruction::Clone's
+# "remat" suffix: %fusion.3.remat, %bitcast.remat.12, %fusion.remat2)
+_REMAT = re.compile(r"^\s*(?:ROOT )?%[\w.\-]*?\.remat\d*(?:\.\d+)?\s*=", re.M)
 
 
 def collectives(hlo: str) -> dict[str, tuple[int, int]]:
@@ -350,8 +353,9 @@ def collectives(hlo: str) -> dict[str, tuple[int, int]]:
 
 
 def hlo_counts(hlo: str) -> dict[str, int]:
-    """{"fusions": kernels made of fused ops, "custom_calls": ...} in a compiled module's text; fusions nested
-    inside another fusion's body are not counted (they are part of its kernel)."""
+    """{"fusions": kernels made of fused ops, "custom_calls": ..., "rematerialized": instructions XLA cloned to
+    recompute a value rather than hold it} in a compiled module's text; fusions nested inside another fusion's
+    body are not counted (they are part of its kernel)."""
     bodies, fusions, current = set(), {}, None
     for line in hlo.splitlines():
         if (match := _COMPUTATION.match(line)) is not None:
@@ -360,7 +364,7 @@ def hlo_counts(hlo: str) -> dict[str, int]:
             bodies.add(match["body"])
             fusions[current] = fusions.get(current, 0) + 1
     return {"fusions": sum(n for name, n in fusions.items() if name not in bodies),
-            "custom_calls": len(_CUSTOM_CALL.findall(hlo))}
+            "custom_calls": len(_CUSTOM_CALL.findall(hlo)), "rematerialized": len(_REMAT.findall(hlo))}
 
 
 # --- the largest batch a device holds ----------------------------------------------------------------------
@@ -386,7 +390,8 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
     (`compile_programs`; a test passes a fake); on_compile(entry) is called after each compile.
     Returns {"rows": the answer (0: not even `granularity` rows fit), "needed_bytes": its need, "hbm_bytes",
     "granularity", "line": (a, b) bytes or None, "predicted": the line's rows or None, "compiles": [entry]},
-    an entry being {"rows", "stage", "needed_bytes" (None where refused), "fits", "why", "compile_s"}.
+    an entry being {"rows", "stage", "needed_bytes" (None where refused), "fits", "why", "rematerialized"
+    (`hlo_counts`), "compile_s"}.
     """
     if granularity < 1 or not 0 < lo < hi or lo % granularity or hi % granularity:
         raise ValueError(f"largest rows: seeds lo = {lo}, hi = {hi} must be multiples of the granularity {granularity}, "
@@ -405,13 +410,14 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
         try:
             report = compile_fn(config, target, data, model, rows=rows, programs=("train",), devices=devices)["train"]
         except DoesNotFit as refused:
-            entry = {"rows": rows, "stage": stage, "needed_bytes": None, "fits": False, "why": str(refused), "compile_s": None}
+            entry = {"rows": rows, "stage": stage, "needed_bytes": None, "fits": False, "why": str(refused),
+                     "rematerialized": None, "compile_s": None}
         else:
             needed = report["memory_bytes"]["needed"]
             why = refusal("train", report) or (None if needed <= hbm else f"{PROGRAM_NAMES['train']} needs "
                                                   f"{needed / GIB:.1f} GiB a device, over {hbm_fraction:g} of its HBM")
             entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": needed <= hbm, "why": why,
-                     "compile_s": report.get("compile_s")}
+                     "rematerialized": report.get("rematerialized"), "compile_s": report.get("compile_s")}
         compiles.append(entry)
         seen[rows] = entry
         if on_compile is not None:

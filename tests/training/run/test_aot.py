@@ -99,9 +99,12 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   %fusion = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
   %ar = (f32[4]{0}, bf16[2,3]{1,0}) all-reduce(%fusion, %a), replica_groups={}
   %cc = f32[4]{0} custom-call(%ar), custom_call_target="x"
+  %fusion.remat = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  %bitcast.remat.12 = f32[2,2]{1,0} bitcast(%fusion.remat)
+  ROOT %fusion.remat2 = f32[4]{0} fusion(%bitcast.remat.12), kind=kLoop, calls=%fused_computation
 }
 """
-    assert aot.hlo_counts(hlo) == {"fusions": 1, "custom_calls": 1}
+    assert aot.hlo_counts(hlo) == {"fusions": 3, "custom_calls": 1, "rematerialized": 3}
     assert aot.collectives(hlo)["all-reduce"] == (1, 16 + 12)
 
 
@@ -115,7 +118,7 @@ def _fake_compile(needed_of):
         if needed is None:
             raise aot.DoesNotFit(f"the train step needs more than a {target.chip.name} has")
         return {"train": {"target": target.name, "hbm_gib": target.chip.hbm_gib, "memory_bytes": {"needed": needed},
-                          "compile_s": 1.0}}
+                          "rematerialized": 0, "compile_s": 1.0}}
     return compile_fn, calls
 
 
