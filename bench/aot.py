@@ -21,6 +21,7 @@ The model's hooks and `model.dtype = "auto"` are chosen for the target, never fo
 fits a device (`aot.largest_rows`): the train step compiled at the two --seed_rows, a line through
 their memory, the largest multiple it predicts to fit compiled with the next one above, and a
 bisection only where those two disagree with the line. Each compile is printed as it finishes.
+--without_remat: a train step XLA rematerialised (recomputing values to make room) does not fit either.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ flags.DEFINE_bool("largest_rows", False, "search the most training rows whose tr
 flags.DEFINE_string("seed_rows", None, "--largest_rows: LO,HI, the two row counts whose memory seeds the search's line, "
                     "multiples of --granularity (default: half the config's rows and its rows, rounded down)")
 flags.DEFINE_integer("granularity", aot.ROWS_GRANULARITY, "--largest_rows: the rows it steps by")
+flags.DEFINE_bool("without_remat", False, "--largest_rows: a train step XLA rematerialised (recomputes values to make "
+                  "room) does not fit either")
 flags.DEFINE_float("hbm_fraction", 1.0, "--largest_rows: the share of a device's HBM the train step may need (0.75: "
                    "what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION)")
 flags.mark_flags_as_required(["config", "target"])
@@ -105,7 +108,8 @@ def _largest_rows(config, target, data: int, model: int) -> dict:
         lo = max(granularity, hi // 2 // granularity * granularity)
     fraction = flags.FLAGS.hbm_fraction
     share = f"{fraction:g} x {target.chip.hbm_gib:g} = {fraction * target.chip.hbm_gib:.1f}" if fraction != 1 else f"{target.chip.hbm_gib:g}"
-    print(f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB (XLA refusing it: does not fit)",
+    remat = ", XLA rematerialising nothing" if flags.FLAGS.without_remat else ""
+    print(f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB{remat} (XLA refusing it: does not fit)",
           flush=True)
 
     def show(entry):
@@ -113,7 +117,8 @@ def _largest_rows(config, target, data: int, model: int) -> dict:
         print(f"  {entry['stage']} rows {entry['rows']}: needs {needs}, {'fits' if entry['fits'] else 'does not fit'}"
               + (f" ({entry['why']})" if entry["why"] else ""), flush=True)
 
-    return aot.largest_rows(config, target, lo, hi, granularity, data, model, on_compile=show, hbm_fraction=fraction)
+    return aot.largest_rows(config, target, lo, hi, granularity, data, model, on_compile=show, hbm_fraction=fraction,
+                            without_remat=flags.FLAGS.without_remat)
 
 
 def main(argv):

@@ -373,12 +373,15 @@ ROWS_GRANULARITY = 8  # the largest-batch search's step: its answer is a multipl
 
 
 def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = ROWS_GRANULARITY, data: int = -1,
-                 model: int = 1, devices=None, compile_fn=None, on_compile=None, hbm_fraction: float = 1.0) -> dict:
+                 model: int = 1, devices=None, compile_fn=None, on_compile=None, hbm_fraction: float = 1.0,
+                 without_remat: bool = False) -> dict:
     """The most training rows (a multiple of `granularity`) whose train step fits a device of `target`.
 
     A compile fits where `memory_bytes["needed"]` <= `hbm_fraction` of the chip's HBM (1: what `refusal`
     accepts; 0.75: what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION);
-    one XLA refuses (`DoesNotFit`) does not. Compiles are slow, so the search is seeded by a line: the train
+    one XLA refuses (`DoesNotFit`) does not; `without_remat`: nor does one where XLA rematerialised
+    (`hlo_counts`): it recomputes values to make room, so that its memory stops growing with rows
+    (results/aot.md), and the step does more work than the batch asks. Compiles are slow, so the search is seeded by a line: the train
     step at `lo` and `hi` rows gives needed = a + b * rows, whose largest fitting multiple of
     `granularity` is compiled (it must fit), then the next multiple above (it must not; not compiled
     where the first did not fit). Only where one of those disagrees with the line does the search
@@ -416,8 +419,11 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
             needed = report["memory_bytes"]["needed"]
             why = refusal("train", report) or (None if needed <= hbm else f"{PROGRAM_NAMES['train']} needs "
                                                   f"{needed / GIB:.1f} GiB a device, over {hbm_fraction:g} of its HBM")
-            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": needed <= hbm, "why": why,
-                     "rematerialized": report.get("rematerialized"), "compile_s": report.get("compile_s")}
+            remat = report.get("rematerialized")
+            if why is None and without_remat and remat:
+                why = f"XLA rematerialised {remat} instructions to fit it"
+            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": why is None, "why": why,
+                     "rematerialized": remat, "compile_s": report.get("compile_s")}
         compiles.append(entry)
         seen[rows] = entry
         if on_compile is not None:

@@ -108,8 +108,9 @@ ENTRY %main (a: f32[4]) -> f32[4] {
     assert aot.collectives(hlo)["all-reduce"] == (1, 16 + 12)
 
 
-def _fake_compile(needed_of):
-    """A compile function whose train step needs `needed_of(rows)` bytes (None: XLA refuses it), and its calls."""
+def _fake_compile(needed_of, remat_of=lambda rows: 0):
+    """A compile function whose train step needs `needed_of(rows)` bytes (None: XLA refuses it) and rematerialises
+    `remat_of(rows)` instructions, and its calls."""
     calls = []
 
     def compile_fn(config, target, data, model, rows, programs, devices):
@@ -118,7 +119,7 @@ def _fake_compile(needed_of):
         if needed is None:
             raise aot.DoesNotFit(f"the train step needs more than a {target.chip.name} has")
         return {"train": {"target": target.name, "hbm_gib": target.chip.hbm_gib, "memory_bytes": {"needed": needed},
-                          "rematerialized": 0, "compile_s": 1.0}}
+                          "rematerialized": remat_of(rows), "compile_s": 1.0}}
     return compile_fn, calls
 
 
@@ -165,6 +166,15 @@ def test_largest_rows_within_a_share_of_the_chip():
     result = aot.largest_rows(None, V5E, 32, 64, compile_fn=compile_fn, hbm_fraction=0.75)  # 12 GiB: 1 + 0.1 x 110
     assert result["rows"] == 104 and result["hbm_bytes"] == 12 * aot.GIB
     assert result["compiles"][-1]["why"] == "the train step needs 12.2 GiB a device, over 0.75 of its HBM"
+
+
+def test_largest_rows_without_rematerialisation():
+    # as XLA does: past 112 rows it recomputes to hold the program near 14.5 GiB, so memory alone would not bound it
+    needed_of = lambda r: LINE(r) if r <= 112 else int(14.5 * aot.GIB)  # noqa: E731
+    compile_fn, _ = _fake_compile(needed_of, lambda r: 0 if r <= 112 else 50)
+    result = aot.largest_rows(None, V5E, 32, 64, compile_fn=compile_fn, without_remat=True)
+    assert result["rows"] == 112 and result["needed_bytes"] == LINE(112)
+    assert [c["why"] for c in result["compiles"] if c["rows"] == 120] == ["XLA rematerialised 50 instructions to fit it"]
 
 
 def test_largest_rows_when_nothing_fits_and_bad_seeds():
