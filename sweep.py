@@ -4,6 +4,7 @@
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --launcher slurm \
         --slurm_partition gpu --slurm_gpus 1 --slurm_time_min 120
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --points_per_device 3  # 3 per GPU
+    python sweep.py --config configs/ablation_heads.py:packed --workdir runs/heads_packed --points_per_device 4  # packed preset
     python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
     python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
     python sweep.py --study configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
@@ -30,7 +31,8 @@ from training.core import errors, logs  # noqa: E402
 from training.run import aot  # noqa: E402
 from sweeps import launch, plan, study, sweep, tables as sweep_tables  # noqa: E402
 
-flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py)")
+flags.DEFINE_string("config", None, "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py); "
+                    "PATH:packed, the Table 3 sweeps' packed preset, stored as NAME_packed (sweeps.sweep.variant)")
 flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
 flags.DEFINE_integer("seeds", 3, "seeds per point (0, 1, ..., or from the config's SWEEP_FIRST_SEED)")
 flags.DEFINE_integer("jobs", 1, "--launcher local: points run at the same time")
@@ -57,7 +59,7 @@ flags.DEFINE_string("compilation_cache_dir", None, "internal / cluster use: the 
 
 flags.DEFINE_bool("plan", False, "with --config and --target: compile every point's train step for the target "
                   "(python -m bench.aot's compile) and print memory, FLOPs and points a device; nothing is trained")
-flags.DEFINE_string("target", None, "--plan: tpu:CHIP[:TOPOLOGY], e.g. tpu:v5e, tpu:v4:2x2x1")
+flags.DEFINE_string("target", None, "--plan: tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e, tpu:v4:2x2x1, cuda:h100")
 flags.DEFINE_string("mesh", "-1,1", "--plan: DATA,MODEL shards of each point's mesh (-1: the rest of the devices)")
 
 SLURM_FLAGS = ("slurm_partition", "slurm_gpus", "slurm_time_min", "slurm_cpus")

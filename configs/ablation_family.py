@@ -21,6 +21,7 @@ SWEEP_KEY = "attention"
 SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = ("softmax", "bigbird", "lsh", "linformer", "performer", "entmax", "span", "mla")
 SWEEP_REFERENCE = "softmax"
+SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
 SWEEP_SHARED_REFERENCE = ("heads", 8)  # softmax at h = 8 is rows A's h = 8 run, config for config
 
 # Each member's settings at Multi30k's lengths (a sentence is ~15 tokens, a bucket at most 128), sized so
@@ -38,6 +39,7 @@ OPTIONS = {
 }
 
 
+@table3_preset.takes_packed
 def get_config(arg: str | None = None):
     key, _, value = (arg or "attention=softmax").partition("=")
     if key != SWEEP_KEY or value not in OPTIONS:

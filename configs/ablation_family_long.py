@@ -17,9 +17,11 @@ SWEEP_KEY = "attention"
 SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = ("softmax", "mla", "entmax", "performer")
 SWEEP_REFERENCE = "softmax"
+SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
 NUM_TRAIN_STEPS = 6000
 
 
+@table3_preset.takes_packed
 def get_config(arg: str | None = None):
     key, _, value = (arg or "attention=softmax").partition("=")
     if key != SWEEP_KEY or value not in SWEEP_VALUES:

@@ -25,6 +25,7 @@ SWEEP_TEST_SPLIT = "test_2016_flickr"
 SHAPES = {"h8_dk32": (8, 32), "h8_dk8": (8, 8), "h32_dk8": (32, 8), "h32_dk16": (32, 16)}  # (heads, d_k = d_v)
 SWEEP_VALUES = tuple(SHAPES)
 SWEEP_REFERENCE = "h8_dk32"
+SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
 # h8_dk32 and h32_dk8 are rows A's h = 8 and h = 32, config for config (tests/sweeps/test_sweep_config.py): their seeds are copied
 SWEEP_SHARED = {"h8_dk32": ("heads", 8), "h32_dk8": ("heads", 32)}
 SWEEP_CONTRASTS = (  # (label, from, to): results/head_size.md's decomposition of rows A's h = 8 -> 32
@@ -34,6 +35,7 @@ SWEEP_CONTRASTS = (  # (label, from, to): results/head_size.md's decomposition o
 )
 
 
+@table3_preset.takes_packed
 def get_config(arg: str | None = None):
     heads, width = table3_preset.named_point(arg, SWEEP_KEY, SHAPES, SWEEP_REFERENCE, "configs/ablation_head_size.py")
     config = table3_preset.apply(default.get_config(f"h={heads}"))

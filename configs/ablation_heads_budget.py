@@ -29,6 +29,7 @@ SWEEP_TEST_SPLIT = "test_2016_flickr"
 RUNS = {"h8_4000": (8, 4000), "h32_4000": (32, 4000), "h8_8000": (8, 8000), "h32_8000": (32, 8000)}  # (heads, steps)
 SWEEP_VALUES = tuple(RUNS)
 SWEEP_REFERENCE = "h8_4000"
+SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
 # the 4,000-step runs are rows A's, config for config (tests/sweeps/test_sweep_config.py): their seeds are copied
 SWEEP_SHARED = {"h8_4000": ("heads", 8), "h32_4000": ("heads", 32)}
 SWEEP_CONTRASTS = (  # (label, from, to): results/heads_budget.md's comparisons besides each against the reference
@@ -39,6 +40,7 @@ SWEEP_CONTRASTS = (  # (label, from, to): results/heads_budget.md's comparisons 
 )
 
 
+@table3_preset.takes_packed
 def get_config(arg: str | None = None):
     heads, steps = table3_preset.named_point(arg, SWEEP_KEY, RUNS, SWEEP_REFERENCE, "configs/ablation_heads_budget.py")
     config = table3_preset.apply(default.get_config(f"h={heads}"))

@@ -30,6 +30,7 @@ SHAPES = {  # (heads, d_k, d_v)
 }
 SWEEP_VALUES = tuple(SHAPES)
 SWEEP_REFERENCE = "h8_dk32"
+SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
 SWEEP_CONTRASTS = (  # (label, from, to): the registered family, in results/preregistration.md's order
     ("smaller heads at a fixed count", "h8_dk32", "h8_dk8"),
     ("more heads at a fixed head size", "h8_dk8", "h32_dk8"),
@@ -39,6 +40,7 @@ SWEEP_CONTRASTS = (  # (label, from, to): the registered family, in results/prer
 )
 
 
+@table3_preset.takes_packed
 def get_config(arg: str | None = None):
     heads, d_k, d_v = table3_preset.named_point(arg, SWEEP_KEY, SHAPES, SWEEP_REFERENCE, "configs/head_size_blocked.py")
     config = table3_preset.apply(default.get_config(f"h={heads}"))

@@ -7,11 +7,22 @@ flattened (the last 20 % of steps improve dev perplexity by less than 2 %) and h
 reach 36 test sacreBLEU. The learning rate decays to zero at the last step (cosine), so a run of
 this length ends annealed; batches of 1024 slots a side give twice the updates per second of
 compute of 2048, which trained better in a fixed time (results/small_25min/README.md).
+
+Every Table 3 sweep config also takes the packed variant (`pack`) as an item of its argument,
+`takes_packed`: `python train.py --config configs/ablation_heads.py:h=8,packed` (`:packed` alone: the
+reference point), and a whole sweep of it is `python sweep.py --config configs/ablation_heads.py:packed`,
+stored under its own name (results/heads_packed/: `SWEEP_VARIANTS`, sweeps/sweep.py `load_module`).
 """
+
+import functools
 
 D_MODEL = 256  # d_model of every point: rows A split it over h heads, rows B fix d_v = D_MODEL / 8
 PACK_LENGTH = 64  # the packed variant's row length (as configs/default.py packs): one training shape
 EVAL_LENGTHS = (64,)  # the packed variant's fixed evaluation lengths (model.max_len added): Multi30k's dev set fits 64
+PACKED = "packed"  # the config argument's item that selects `pack` (configs/ablation_heads.py:h=8,packed)
+# what a Table 3 sweep config's SWEEP_VARIANTS names: `sweep.py --config configs/ablation_heads.py:packed` runs every point
+# with ",packed" added to its argument, stored as SWEEP_NAME + "_packed" (packed points compare with packed points only)
+SWEEP_VARIANTS = (PACKED,)
 NUM_TRAIN_STEPS = 4000  # see the docstring and results/plateau/ (about 7.6 epochs of Multi30k at 1024 slots a batch)
 
 # Every comparison results/table3.md reads, as one study (`python sweep.py --study configs/table3_preset.py`:
@@ -69,6 +80,19 @@ def pack(config):
     config.data.pack_length = PACK_LENGTH
     config.eval.lengths = (*EVAL_LENGTHS, config.model.max_len)
     return config
+
+
+def takes_packed(get_config):
+    """A Table 3 sweep config's `get_config` that also takes `PACKED` as an item of its argument ("h=8,packed";
+    "packed" alone: the config's reference point): the config the rest of the argument names, packed (`pack`)."""
+
+    @functools.wraps(get_config)
+    def get_config_or_packed(arg: str | None = None):
+        items = (arg or "").split(",")
+        config = get_config(",".join(i for i in items if i and i != PACKED) or None)
+        return pack(config) if PACKED in items else config
+
+    return get_config_or_packed
 
 
 def set_steps(config, num_train_steps: int):

@@ -22,6 +22,10 @@ A sweep may also name comparisons between its points besides each against the re
 `SWEEP_CONTRASTS = ((label, FROM_VALUE, TO_VALUE), ...)`: `--collect` gives them their own
 seed-level table (the head-size sweep's decomposition).
 
+A sweep config may offer variants of every point, `SWEEP_VARIANTS = ("packed",)` (the Table 3
+sweeps: configs/table3_preset.py): `--config PATH:packed` runs each point with its argument
+`KEY=VALUE,packed` and stores it under SWEEP_NAME_packed, apart from the plain points (`variant`).
+
 Seeds are 0, 1, ... unless the config names its first, `SWEEP_FIRST_SEED = K` (seeds K, K + 1, ...):
 a replication draws seeds no earlier run used, since a seed fixes the data order and the
 initialisation (configs/head_size_blocked.py).
@@ -94,12 +98,34 @@ def import_file(config_path: str | Path, flag: str = "--config") -> ModuleType:
 
 
 def load_module(config_path: str | Path) -> ModuleType:
-    """The sweep config module at `config_path`, checked for the sweep names and their values."""
-    module = import_file(config_path)
+    """The sweep config module at `config_path` (PATH, or PATH:VARIANT: `variant`), checked for the sweep names
+    and their values."""
+    path, _, variant_name = str(config_path).partition(":")
+    module = import_file(path)
     missing = [n for n in SWEEP_NAMES if not hasattr(module, n)]
     if missing:
-        raise ValueError(f"{config_path} is not a sweep config: it lacks {', '.join(missing)}")
+        raise ValueError(f"{path} is not a sweep config: it lacks {', '.join(missing)}")
+    module = variant(module, variant_name, path) if variant_name else module
     _check(config_path, module)
+    return module
+
+
+def variant(module: ModuleType, name: str, path: str | Path) -> ModuleType:
+    """The sweep `module` (a fresh import, changed in place) as its variant `name`, one of its `SWEEP_VARIANTS`
+    (the Table 3 sweeps' "packed": configs/table3_preset.py): every point's config argument gains ",NAME"
+    (h=8 -> h=8,packed), its results are stored apart, as SWEEP_NAME_NAME, and its shared points are the
+    same variant's of the other sweeps (a variant's points compare with that variant's only)."""
+    offered = tuple(getattr(module, "SWEEP_VARIANTS", ()))
+    if name not in offered:
+        raise ValueError(f"--config {path}:{name}: {path} offers the variants {offered} (SWEEP_VARIANTS)")
+    get_config = module.get_config
+    module.get_config = lambda arg=None: get_config(f"{arg},{name}" if arg else name)
+    module.SWEEP_NAME = f"{module.SWEEP_NAME}_{name}"
+    if getattr(module, "SWEEP_SHARED_REFERENCE", None) is not None:
+        origin, value = module.SWEEP_SHARED_REFERENCE
+        module.SWEEP_SHARED_REFERENCE = (f"{origin}_{name}", value)
+    if getattr(module, "SWEEP_SHARED", None):
+        module.SWEEP_SHARED = {v: (f"{origin}_{name}", value) for v, (origin, value) in module.SWEEP_SHARED.items()}
     return module
 
 

@@ -393,3 +393,33 @@ def test_a_bad_first_seed_is_named(tmp_path, first):
     path.write_text(GOOD + f"SWEEP_FIRST_SEED = {first}\n")
     with pytest.raises(ValueError, match="SWEEP_FIRST_SEED"):
         sweep.load_module(path)
+
+
+TABLE3_SWEEPS = ("ablation_heads", "ablation_kv", "ablation_dk", "ablation_family", "ablation_family_long",
+                 "ablation_heads_budget", "ablation_head_size", "head_size_blocked")
+
+
+@pytest.mark.parametrize("name", TABLE3_SWEEPS)
+def test_the_packed_preset_is_a_config_argument_and_a_sweep_of_its_own(name, tmp_path):
+    # train.py's --config configs/X.py:KEY=VALUE,packed, and sweep.py's --config configs/X.py:packed
+    plain, packed = sweep.load_module(ROOT / f"configs/{name}.py"), sweep.load_module(f"{ROOT}/configs/{name}.py:packed")
+    assert packed.SWEEP_NAME == f"{plain.SWEEP_NAME}_packed" != plain.SWEEP_NAME  # results/NAME_packed/, apart
+    arg = f"{plain.SWEEP_KEY}={plain.SWEEP_VALUES[-1]}"
+    bucketed, variant = plain.get_config(arg), plain.get_config(f"{arg},packed")
+    assert bucketed.data.pack_length == 0 and tuple(bucketed.eval.lengths) == ()
+    assert variant.data.pack_length == 64 and tuple(variant.eval.lengths) == (64, variant.model.max_len) == (64, 256)
+    assert {k: v for k, v in flat(variant).items() if flat(bucketed)[k] != v} == {"data.pack_length": 64, "eval.lengths": (64, 256)}
+    assert flat(packed.get_config(arg)) == flat(variant) and flat(plain.get_config("packed")) == flat(packed.get_config(None))
+    # the sweep's points keep their plain arguments; the packed sweep shares only packed sweeps' runs
+    assert [p.arg for p in sweep.points(packed, 1)] == [p.arg for p in sweep.points(plain, 1)]
+    assert {v: (o + "_packed", ov) for v, (o, ov) in sweep.shared_points(plain).items()} == sweep.shared_points(packed)
+    command = sweep.point_command(["sweep.py"], f"configs/{name}.py:packed", tmp_path, tmp_path, sweep.points(packed, 1)[0])
+    assert command[command.index("--config") + 1] == f"configs/{name}.py:packed"
+
+
+def test_a_variant_the_sweep_does_not_offer_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"offers the variants \('packed',\)"):
+        sweep.load_module(f"{ROOT}/configs/ablation_heads.py:float32")
+    (tmp_path / "plain.py").write_text(GOOD)
+    with pytest.raises(ValueError, match=r"offers the variants \(\)"):
+        sweep.load_module(f"{tmp_path}/plain.py:packed")

@@ -400,6 +400,9 @@ _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>[\w.\-]+) .*\{\s*$")
 _FUSION = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+fusion\(.*?calls=%(?P<body>[\w.\-]+)")
 _CUSTOM_CALL = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+custom-call\(")
+# an instruction XLA's rematerialisation cloned to recompute a value instead of keeping it (HloInstruction::Clone's
+# "remat" suffix: %fusion.3.remat, %bitcast.remat.12, %fusion.remat2)
+_REMAT = re.compile(r"^\s*(?:ROOT )?%[\w.\-]*?\.remat\d*(?:\.\d+)?\s*=", re.M)
 
 
 def collectives(hlo: str) -> dict[str, tuple[int, int]]:
@@ -414,8 +417,9 @@ def collectives(hlo: str) -> dict[str, tuple[int, int]]:
 
 
 def hlo_counts(hlo: str) -> dict[str, int]:
-    """{"fusions": kernels made of fused ops, "custom_calls": ...} in a compiled module's text; fusions nested
-    inside another fusion's body are not counted (they are part of its kernel)."""
+    """{"fusions": kernels made of fused ops, "custom_calls": ..., "rematerialized": instructions XLA cloned to
+    recompute a value rather than hold it} in a compiled module's text; fusions nested inside another fusion's
+    body are not counted (they are part of its kernel)."""
     bodies, fusions, current = set(), {}, None
     for line in hlo.splitlines():
         if (match := _COMPUTATION.match(line)) is not None:
@@ -424,4 +428,101 @@ def hlo_counts(hlo: str) -> dict[str, int]:
             bodies.add(match["body"])
             fusions[current] = fusions.get(current, 0) + 1
     return {"fusions": sum(n for name, n in fusions.items() if name not in bodies),
-            "custom_calls": len(_CUSTOM_CALL.findall(hlo))}
+            "custom_calls": len(_CUSTOM_CALL.findall(hlo)), "rematerialized": len(_REMAT.findall(hlo))}
+
+
+# --- the largest batch a device holds ----------------------------------------------------------------------
+
+ROWS_GRANULARITY = 8  # the largest-batch search's step: its answer is a multiple of 8, within 8 rows of the largest
+
+
+def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = ROWS_GRANULARITY, data: int = -1,
+                 model: int = 1, devices=None, compile_fn=None, on_compile=None, hbm_fraction: float = 1.0,
+                 without_remat: bool = False) -> dict:
+    """The most training rows (a multiple of `granularity`) whose train step fits a device of `target`.
+
+    A compile fits where `memory_bytes["needed"]` <= `hbm_fraction` of the chip's HBM (1: what `refusal`
+    accepts; 0.75: what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION);
+    one XLA refuses (`DoesNotFit`) does not; `without_remat`: nor does one where XLA rematerialised
+    (`hlo_counts`): it recomputes values to make room, so that its memory stops growing with rows
+    (results/aot.md), and the step does more work than the batch asks. Compiles are slow, so the search is seeded by a line: the train
+    step at `lo` and `hi` rows gives needed = a + b * rows, whose largest fitting multiple of
+    `granularity` is compiled (it must fit), then the next multiple above (it must not; not compiled
+    where the first did not fit). Only where one of those disagrees with the line does the search
+    narrow by bisection between the largest rows that fit and the fewest that do not, on multiples
+    of `granularity` (doubling the step upwards while nothing above is known not to fit). Needed
+    memory is taken to grow with rows; XLA's memory plan is not linear in them (results/aot.md).
+
+    compile_fn(config, target, data, model, rows=, programs=, devices=) -> {"train": `program_report`}
+    (`compile_programs`; a test passes a fake); on_compile(entry) is called after each compile.
+    Returns {"rows": the answer (0: not even `granularity` rows fit), "needed_bytes": its need, "hbm_bytes",
+    "granularity", "line": (a, b) bytes or None, "predicted": the line's rows or None, "compiles": [entry]},
+    an entry being {"rows", "stage", "needed_bytes" (None where refused), "fits", "why", "rematerialized"
+    (`hlo_counts`), "compile_s"}.
+    """
+    if granularity < 1 or not 0 < lo < hi or lo % granularity or hi % granularity:
+        raise ValueError(f"largest rows: seeds lo = {lo}, hi = {hi} must be multiples of the granularity {granularity}, "
+                         f"0 < lo < hi")
+    if not 0 < hbm_fraction <= 1:
+        raise ValueError(f"largest rows: hbm_fraction = {hbm_fraction}; expected a share of the chip's HBM in (0, 1]")
+    compile_fn = compile_programs if compile_fn is None else compile_fn
+    if devices is None and compile_fn is compile_programs:
+        devices = compile_only_devices(target)
+    hbm = target.chip.hbm_gib * GIB * hbm_fraction
+    compiles, seen = [], {}
+
+    def fits(rows: int, stage: str) -> bool:
+        if rows in seen:
+            return seen[rows]["fits"]
+        try:
+            report = compile_fn(config, target, data, model, rows=rows, programs=("train",), devices=devices)["train"]
+        except DoesNotFit as refused:
+            entry = {"rows": rows, "stage": stage, "needed_bytes": None, "fits": False, "why": str(refused),
+                     "rematerialized": None, "compile_s": None}
+        else:
+            needed = report["memory_bytes"]["needed"]
+            why = refusal("train", report) or (None if needed <= hbm else f"{PROGRAM_NAMES['train']} needs "
+                                                  f"{needed / GIB:.1f} GiB a device, over {hbm_fraction:g} of its HBM")
+            remat = report.get("rematerialized")
+            if why is None and without_remat and remat:
+                why = f"XLA rematerialised {remat} instructions to fit it"
+            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": why is None, "why": why,
+                     "rematerialized": remat, "compile_s": report.get("compile_s")}
+        compiles.append(entry)
+        seen[rows] = entry
+        if on_compile is not None:
+            on_compile(entry)
+        return entry["fits"]
+
+    def measured(rows: int) -> bool:
+        return rows in seen and seen[rows]["needed_bytes"] is not None
+
+    fits(lo, "seed")
+    if measured(lo):  # else XLA refused lo: no line to draw, and the answer lies below it
+        fits(hi, "seed")
+    line = predicted = None
+    if measured(lo) and measured(hi):
+        slope = (seen[hi]["needed_bytes"] - seen[lo]["needed_bytes"]) / (hi - lo)
+        intercept = seen[lo]["needed_bytes"] - slope * lo
+        line = (intercept, slope)
+        if slope > 0:
+            predicted = max(0, int((hbm - intercept) / slope) // granularity * granularity)
+            if not predicted or fits(predicted, "confirm"):  # one that does not fit says the next will not
+                fits(predicted + granularity, "confirm")
+
+    def bounds() -> tuple[int, int | None]:
+        best = max((r for r, e in seen.items() if e["fits"]), default=0)
+        above = [r for r, e in seen.items() if not e["fits"] and r > best]
+        return best, min(above, default=None)
+
+    best, least = bounds()
+    step = granularity
+    while least is None:  # nothing known not to fit: gallop upwards
+        step *= 2
+        fits(best + step, "search")
+        best, least = bounds()
+    while least - best > granularity:
+        fits((best + least) // 2 // granularity * granularity, "bisect")
+        best, least = bounds()
+    return {"rows": best, "needed_bytes": seen[best]["needed_bytes"] if best else None, "hbm_bytes": hbm,
+            "granularity": granularity, "line": line, "predicted": predicted, "compiles": compiles}

@@ -145,7 +145,87 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   %fusion = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
   %ar = (f32[4]{0}, bf16[2,3]{1,0}) all-reduce(%fusion, %a), replica_groups={}
   %cc = f32[4]{0} custom-call(%ar), custom_call_target="x"
+  %fusion.remat = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  %bitcast.remat.12 = f32[2,2]{1,0} bitcast(%fusion.remat)
+  ROOT %fusion.remat2 = f32[4]{0} fusion(%bitcast.remat.12), kind=kLoop, calls=%fused_computation
 }
 """
-    assert aot.hlo_counts(hlo) == {"fusions": 1, "custom_calls": 1}
+    assert aot.hlo_counts(hlo) == {"fusions": 3, "custom_calls": 1, "rematerialized": 3}
     assert aot.collectives(hlo)["all-reduce"] == (1, 16 + 12)
+
+
+def _fake_compile(needed_of, remat_of=lambda rows: 0):
+    """A compile function whose train step needs `needed_of(rows)` bytes (None: XLA refuses it) and rematerialises
+    `remat_of(rows)` instructions, and its calls."""
+    calls = []
+
+    def compile_fn(config, target, data, model, rows, programs, devices):
+        calls.append(rows)
+        needed = needed_of(rows)
+        if needed is None:
+            raise aot.DoesNotFit(f"the train step needs more than a {target.chip.name} has")
+        return {"train": {"target": target.name, "hbm_gib": target.chip.hbm_gib, "memory_bytes": {"needed": needed},
+                          "rematerialized": remat_of(rows), "compile_s": 1.0}}
+    return compile_fn, calls
+
+
+V5E = aot.parse_target("tpu:v5e")  # 16 GiB
+LINE = lambda rows: aot.GIB + rows * (aot.GIB // 10)  # noqa: E731  1 GiB + 0.1 GiB a row: 16 GiB at 150 rows
+
+
+def _largest(needed_of, lo=32, hi=64):
+    compile_fn, calls = _fake_compile(needed_of)
+    return aot.largest_rows(None, V5E, lo, hi, compile_fn=compile_fn), calls
+
+
+def _brute_force(needed_of, granularity=8):
+    fits = lambda r: (n := needed_of(r)) is not None and n <= 16 * aot.GIB  # noqa: E731
+    return max(r for r in range(granularity, 1024, granularity) if fits(r))
+
+
+def test_largest_rows_on_a_line_takes_the_seeds_and_two_confirmations():
+    result, calls = _largest(LINE)
+    assert result["rows"] == 144 == _brute_force(LINE) and result["needed_bytes"] == LINE(144)
+    assert calls == [32, 64, 144, 152] and result["predicted"] == 144
+    assert [c["stage"] for c in result["compiles"]] == ["seed", "seed", "confirm", "confirm"]
+    assert [c["fits"] for c in result["compiles"]] == [True, True, True, False]
+
+
+@pytest.mark.parametrize("needed_of", [
+    lambda r: LINE(r) + (3 * aot.GIB if r > 100 else 0),  # the line over-predicts: bisect below its prediction
+    lambda r: None if r > 120 else LINE(r),  # XLA refuses above 120 rows (a TPU's usable HBM)
+    lambda r: aot.GIB + min(r, 100) * (aot.GIB // 10) + max(r - 100, 0) * (aot.GIB // 40),  # under-predicts: search upwards
+    lambda r: None if r > 20 else LINE(r),  # the seeds do not fit: bisect from 0
+], ids=["over", "refused", "under", "seeds_refused"])
+def test_largest_rows_narrows_where_the_line_is_wrong(needed_of):
+    result, calls = _largest(needed_of)
+    assert result["rows"] == _brute_force(needed_of) and result["rows"] % 8 == 0
+    assert len(calls) == len(set(calls)) < 1024 // 8 // 4  # no row count compiled twice, far fewer than a scan
+    confirmed = [c for c in result["compiles"] if c["stage"] == "confirm"]
+    if result["predicted"] is not None:  # refused at the seeds: no line, no prediction
+        assert confirmed[0]["rows"] == result["predicted"] and len(confirmed) == 1 + confirmed[0]["fits"]  # none above a refusal
+    assert any(not c["fits"] and c["rows"] == result["rows"] + 8 for c in result["compiles"])
+
+
+def test_largest_rows_within_a_share_of_the_chip():
+    compile_fn, _ = _fake_compile(LINE)
+    result = aot.largest_rows(None, V5E, 32, 64, compile_fn=compile_fn, hbm_fraction=0.75)  # 12 GiB: 1 + 0.1 x 110
+    assert result["rows"] == 104 and result["hbm_bytes"] == 12 * aot.GIB
+    assert result["compiles"][-1]["why"] == "the train step needs 12.2 GiB a device, over 0.75 of its HBM"
+
+
+def test_largest_rows_without_rematerialisation():
+    # as XLA does: past 112 rows it recomputes to hold the program near 14.5 GiB, so memory alone would not bound it
+    needed_of = lambda r: LINE(r) if r <= 112 else int(14.5 * aot.GIB)  # noqa: E731
+    compile_fn, _ = _fake_compile(needed_of, lambda r: 0 if r <= 112 else 50)
+    result = aot.largest_rows(None, V5E, 32, 64, compile_fn=compile_fn, without_remat=True)
+    assert result["rows"] == 112 and result["needed_bytes"] == LINE(112)
+    assert [c["why"] for c in result["compiles"] if c["rows"] == 120] == ["XLA rematerialised 50 instructions to fit it"]
+
+
+def test_largest_rows_when_nothing_fits_and_bad_seeds():
+    result, _ = _largest(lambda r: None)
+    assert result["rows"] == 0 and result["needed_bytes"] is None
+    for lo, hi in ((30, 64), (64, 32), (0, 64)):
+        with pytest.raises(ValueError, match="multiples of the granularity 8"):
+            _largest(LINE, lo, hi)
