@@ -1,11 +1,11 @@
 """Look inside the heads of a trained workdir; every output goes to WORKDIR/analysis/ (the rest is only read).
 
-    python analyze.py maps --workdir runs/default --sentence "Ein Hund läuft im Schnee."
-    python analyze.py maps --workdir runs/default --split val --index 3
-    python analyze.py roles --workdir runs/default [--examples 500]
-    python analyze.py importance --workdir runs/default [--examples 500]
-    python analyze.py prune --workdir runs/default [--kinds encoder_self]   # -> pruning[_KINDS].{csv,png}
-    python analyze.py uptrain --workdir runs/default --num_kv_heads 2 --fraction 0.05
+python analyze.py maps --workdir runs/default --sentence "Ein Hund läuft im Schnee."
+python analyze.py maps --workdir runs/default --split val --index 3
+python analyze.py roles --workdir runs/default [--examples 500]
+python analyze.py importance --workdir runs/default [--examples 500]
+python analyze.py prune --workdir runs/default [--kinds encoder_self]   # -> pruning[_KINDS].{csv,png}
+python analyze.py uptrain --workdir runs/default --num_kv_heads 2 --fraction 0.05
 """
 
 import argparse
@@ -27,10 +27,16 @@ def main(argv=None):
         sub = commands.add_parser(name, help=help)
         sub.add_argument("--workdir", required=True, help="a train.py workdir")
         sub.add_argument("--split", default="val", help="the split the sentences come from")
-        sub.add_argument("--examples", type=int, default=examples, help=f"first N sentences of --split (0: all; default {examples})")
-        sub.add_argument("--compilation_cache_dir", default="auto", help="JAX's persistent compilation cache for this command: "
-                         "'auto' (JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a "
-                         "path; never the compilation_cache_dir in the workdir's config.json")
+        sub.add_argument(
+            "--examples", type=int, default=examples, help=f"first N sentences of --split (0: all; default {examples})"
+        )
+        sub.add_argument(
+            "--compilation_cache_dir",
+            default="auto",
+            help="JAX's persistent compilation cache for this command: "
+            "'auto' (JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a "
+            "path; never the compilation_cache_dir in the workdir's config.json",
+        )
         return sub
 
     sub = command("maps", "attention heatmaps for one sentence", 0)
@@ -39,33 +45,50 @@ def main(argv=None):
     command("roles", "per-head positional / anchor / diagonal statistics and role labels", 500)
     command("importance", "Michel et al. head importance through the head_mask gates", 500)
     sub = command("prune", "BLEU and loss as heads are pruned by importance, at random and in reverse", 500)
-    sub.add_argument("--eval_examples", type=int, default=300,
-                     help="sentences scored at each pruning step, taken after the --examples used for importance")
+    sub.add_argument(
+        "--eval_examples",
+        type=int,
+        default=300,
+        help="sentences scored at each pruning step, taken after the --examples used for importance",
+    )
     sub.add_argument("--beam_size", type=int, default=1, help="1: greedy")
     sub.add_argument("--kinds", default=",".join(heads.MODULES), help="attention kinds whose heads are pruned")
     sub.add_argument("--steps", type=int, default=10, help="pruning steps (10: 10 %% of the heads each)")
     sub.add_argument("--seed", type=int, default=0, help="the random order's seed")
-    sub.add_argument("--test_split", default="", help="also score --test_fraction pruned against unpruned on this split, "
-                     "beam 4, with sacreBLEU's paired bootstrap (e.g. test_2016_flickr; '' skips)")
+    sub.add_argument(
+        "--test_split",
+        default="",
+        help="also score --test_fraction pruned against unpruned on this split, "
+        "beam 4, with sacreBLEU's paired bootstrap (e.g. test_2016_flickr; '' skips)",
+    )
     sub.add_argument("--test_fraction", type=float, default=0.5, help="the fraction of heads pruned for --test_split")
     sub.add_argument("--test_examples", type=int, default=0, help="first N sentences of --test_split (0: all)")
     sub = command("uptrain", "MHA -> GQA/MQA conversion and uptraining, before/after table", 500)
     sub.add_argument("--num_kv_heads", type=int, required=True)
-    sub.add_argument("--fraction", type=float, default=0.05, help="uptraining steps as a fraction of the checkpoint's steps")
+    sub.add_argument(
+        "--fraction", type=float, default=0.05, help="uptraining steps as a fraction of the checkpoint's steps"
+    )
     sub.add_argument("--methods", default="mean,first,random", help=f"comma-separated, of {uptrain.METHODS}")
     sub.add_argument("--beam_size", type=int, default=1, help="1: greedy")
     sub.add_argument("--speed_rows", type=int, default=64, help="sentences in the decode-speed batch")
     sub.add_argument("--overwrite", action="store_true", help="replace existing uptraining workdirs")
     args = parser.parse_args(argv)
     check_arguments(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # progress: the training loop, pruning steps
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(message)s"
+    )  # progress: the training loop, pruning steps
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    out_parent = next(p for p in (Path(args.workdir) / "analysis", Path(args.workdir)) if p.exists()) \
-        if Path(args.workdir).exists() else Path(args.workdir)
+    out_parent = (
+        next(p for p in (Path(args.workdir) / "analysis", Path(args.workdir)) if p.exists())
+        if Path(args.workdir).exists()
+        else Path(args.workdir)
+    )
     if Path(args.workdir).exists() and not os.access(out_parent, os.W_OK | os.X_OK):  # up front, not after the work
-        raise ValueError(f"--workdir {args.workdir}: {out_parent} is not writable; analyze.py writes to WORKDIR/analysis/")
+        raise ValueError(
+            f"--workdir {args.workdir}: {out_parent} is not writable; analyze.py writes to WORKDIR/analysis/"
+        )
     cache = compile_cache.enable(args.compilation_cache_dir, "--compilation_cache_dir")
     run = workdir.load(args.workdir, cache)
     for flag in ("split", "test_split"):
@@ -79,8 +102,13 @@ def main(argv=None):
         else:
             pairs = len(corpus.load_corpus(run.config, args.split))
             if args.index >= pairs:
-                raise ValueError(f"--index {args.index}; expected an index below {pairs}, the pairs in --split {args.split!r}")
-            sentence, prefix = workdir.dev_subset(run.config, args.split, 1, args.index).src[0], f"maps_{args.split}{args.index}"
+                raise ValueError(
+                    f"--index {args.index}; expected an index below {pairs}, the pairs in --split {args.split!r}"
+                )
+            sentence, prefix = (
+                workdir.dev_subset(run.config, args.split, 1, args.index).src[0],
+                f"maps_{args.split}{args.index}",
+            )
         for path in maps.render(run, sentence, out, prefix):
             print(path)
     elif args.command == "roles":
@@ -101,22 +129,37 @@ def main(argv=None):
         rows = pruning.prune_curves(run, score, normalised, kinds, steps=args.steps, seed=args.seed)
         stem = "pruning" if sorted(kinds) == sorted(heads.MODULES) else f"pruning_{'-'.join(kinds)}"
         pruning.write_csv(rows, out / f"{stem}.csv")
-        title = (f"{'+'.join(kinds)}: {len(scored)} {args.split} sentences after the first {args.examples} "
-                 f"(importance), {'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}")
+        title = (
+            f"{'+'.join(kinds)}: {len(scored)} {args.split} sentences after the first {args.examples} "
+            f"(importance), {'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}"
+        )
         print(pruning.plot(rows, out / f"{stem}.png", title))
         for r in rows:
-            print(f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}")
+            print(
+                f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}"
+            )
         if args.test_split:
-            held_out, outputs = pruning.held_out_test(run, normalised, kinds, workdir.dev_subset(run.config, args.test_split, args.test_examples),
-                                             fraction=args.test_fraction, seed=args.seed)
+            held_out, outputs = pruning.held_out_test(
+                run,
+                normalised,
+                kinds,
+                workdir.dev_subset(run.config, args.test_split, args.test_examples),
+                fraction=args.test_fraction,
+                seed=args.seed,
+            )
             name = f"{stem}_{args.test_split}_{round(100 * args.test_fraction)}pct"
             tables.write(held_out, pruning.HELD_OUT_FIELDS, out / f"{name}.csv", out / f"{name}.md")
             pruning.write_outputs(outputs, out / name)
             print((out / f"{name}.md").read_text())
     elif args.command == "uptrain":
         rows = uptrain.compare(
-            run, workdir.dev_subset(run.config, args.split, args.examples), args.num_kv_heads,
-            args.methods.split(","), args.fraction, beam_size=args.beam_size, speed_rows=args.speed_rows,
+            run,
+            workdir.dev_subset(run.config, args.split, args.examples),
+            args.num_kv_heads,
+            args.methods.split(","),
+            args.fraction,
+            beam_size=args.beam_size,
+            speed_rows=args.speed_rows,
             overwrite=args.overwrite,
         )
         name = f"uptrain_table_kv{args.num_kv_heads}_{'-'.join(args.methods.split(','))}"
@@ -125,9 +168,15 @@ def main(argv=None):
 
 
 # Each numeric flag's lowest value (a subcommand without the flag skips it) and what it means.
-AT_LEAST = {"examples": (0, "0: all"), "index": (0, "a sentence of --split"), "eval_examples": (1, "sentences scored"),
-            "beam_size": (1, "1: greedy"), "steps": (1, "pruning steps"), "test_examples": (0, "0: all"),
-            "num_kv_heads": (1, "K/V heads")}
+AT_LEAST = {
+    "examples": (0, "0: all"),
+    "index": (0, "a sentence of --split"),
+    "eval_examples": (1, "sentences scored"),
+    "beam_size": (1, "1: greedy"),
+    "steps": (1, "pruning steps"),
+    "test_examples": (0, "0: all"),
+    "num_kv_heads": (1, "K/V heads"),
+}
 
 
 def check_arguments(args) -> None:

@@ -17,22 +17,35 @@ from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 
-flags.DEFINE_string("workdir", None, "a train.py workdir (its run only read; the default --hypotheses is written into it)")
+flags.DEFINE_string(
+    "workdir", None, "a train.py workdir (its run only read; the default --hypotheses is written into it)"
+)
 flags.DEFINE_string("split", "val", "split to score (perplexity, sacreBLEU)")
 flags.DEFINE_integer("beam_size", 4, "beam size (1 = greedy)")
-flags.DEFINE_string("hypotheses", None, "where to write the split's translations (default WORKDIR/hypotheses.SPLIT.beamK.txt)")
+flags.DEFINE_string(
+    "hypotheses", None, "where to write the split's translations (default WORKDIR/hypotheses.SPLIT.beamK.txt)"
+)
 flags.DEFINE_string("input", None, "translate this text file (one sentence per line) instead")
 flags.DEFINE_string("output", None, "where to write the translations of --input")
-flags.DEFINE_string("compilation_cache_dir", "auto", "JAX's persistent compilation cache for this command: 'auto' "
-                    "(JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a path; "
-                    "never the compilation_cache_dir in the workdir's config.json")
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    "auto",
+    "JAX's persistent compilation cache for this command: 'auto' "
+    "(JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, /headcount/jax), '' none, or a path; "
+    "never the compilation_cache_dir in the workdir's config.json",
+)
 flags.mark_flag_as_required("workdir")
 
 
 def check_writable(path: Path, flag: str, hint: str = "") -> None:
     """ValueError up front (before minutes of decoding) unless `path` can be written."""
     folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if (
+        path.is_dir()
+        or not folder.is_dir()
+        or not os.access(folder, os.W_OK | os.X_OK)
+        or (path.exists() and not os.access(path, os.W_OK))
+    ):
         raise ValueError(f"{flag} {path} cannot be written ({folder} is not a writable directory){hint}")
 
 
@@ -48,7 +61,9 @@ def main(argv):
         check_writable(Path(f.output), "--output")
     else:
         hypotheses = Path(f.hypotheses) if f.hypotheses else evaluate.hypotheses_path(f.workdir, f.split, f.beam_size)
-        check_writable(hypotheses, "--hypotheses", "" if f.hypotheses else ": pass --hypotheses PATH to write them elsewhere")
+        check_writable(
+            hypotheses, "--hypotheses", "" if f.hypotheses else ": pass --hypotheses PATH to write them elsewhere"
+        )
     cache = compile_cache.enable(f.compilation_cache_dir, "--compilation_cache_dir")
     run = load_run(f.workdir, cache)
     if not f.input:
@@ -59,7 +74,9 @@ def main(argv):
         print(f"translated {n} lines of {f.input} into {f.output} with step {run.step} ({run.checkpoint})")
         return
     # the score is printed before the translations are written
-    evaluate.score_split(run, f.split, f.beam_size, f.workdir, hypotheses, report=lambda r: print(json.dumps(r, indent=2), flush=True))
+    evaluate.score_split(
+        run, f.split, f.beam_size, f.workdir, hypotheses, report=lambda r: print(json.dumps(r, indent=2), flush=True)
+    )
 
 
 if __name__ == "__main__":

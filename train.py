@@ -17,9 +17,15 @@ from training.run.loop import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: config.json, checkpoints, metrics, vocabulary")
-flags.DEFINE_bool("restart", False, "start the run afresh: what --workdir holds (but its lock) is moved to "
-                  "WORKDIR/previous/TIME/ first, nothing deleted; without it a workdir's run is resumed or refused")
-flags.DEFINE_bool("verbose", False, "also log every parameter's sharding and the libraries' INFO messages (orbax, JAX); so does -v 1")
+flags.DEFINE_bool(
+    "restart",
+    False,
+    "start the run afresh: what --workdir holds (but its lock) is moved to "
+    "WORKDIR/previous/TIME/ first, nothing deleted; without it a workdir's run is resumed or refused",
+)
+flags.DEFINE_bool(
+    "verbose", False, "also log every parameter's sharding and the libraries' INFO messages (orbax, JAX); so does -v 1"
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -36,7 +42,13 @@ def check_config_path(argv) -> None:
     """Load --config's file and call its get_config once before absl does, so that a missing file, a syntax error or a
     bad argument is one line naming the file (absl's flag parser prints a paragraph with the config's traceback)."""
     for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+        value = (
+            arg.split("=", 1)[1]
+            if arg.startswith("--config=")
+            else argv[i + 1]
+            if arg == "--config" and i + 1 < len(argv)
+            else None
+        )
         if value is None:
             continue
         path, *args = value.split(":", 1)
@@ -50,12 +62,16 @@ def check_config_path(argv) -> None:
                 raise ValueError("defines no get_config(); expected an ml_collections config file")
             module.get_config(*args)
         except SyntaxError as error:
-            raise ValueError(f"--config {path} line {error.lineno}: {error.msg}; expected a Python config file") from None
+            raise ValueError(
+                f"--config {path} line {error.lineno}: {error.msg}; expected a Python config file"
+            ) from None
         except Exception as error:  # the config file's own code: reported in one line, its traceback with --verbose
             if any(a.split("=")[0] in ("--verbose", "-v", "--v", "--verbosity") for a in argv):
                 raise
             text = errors.one_line(error)
-            raise ValueError(text if text.startswith(value) else f"--config {value}: {type(error).__name__}: {text}") from None
+            raise ValueError(
+                text if text.startswith(value) else f"--config {value}: {type(error).__name__}: {text}"
+            ) from None
 
 
 if __name__ == "__main__":

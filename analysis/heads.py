@@ -54,9 +54,9 @@ def _weights_fn(model):
         _, state = model.apply({"params": params}, src, tgt_in, mutable=["intermediates"])  # mutable: recorded
         sown = state["intermediates"]
         return {
-            kind: jax.numpy.stack([
-                sown[stack][f"layer_{i}"][module]["attention_weights"][0] for i in range(model.config.num_layers)
-            ])
+            kind: jax.numpy.stack(
+                [sown[stack][f"layer_{i}"][module]["attention_weights"][0] for i in range(model.config.num_layers)]
+            )
             for kind, (stack, module) in MODULES.items()
         }
 

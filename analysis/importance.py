@@ -67,11 +67,14 @@ def write(raw: dict, normalised: dict, csv_path: Path, md_path: Path) -> None:
     """One row per head (kind, layer, head, raw, normalised), and a markdown grid per kind."""
     rows = [
         {"kind": k, "layer": i, "head": h, "raw": float(raw[k][i, h]), "normalised": float(normalised[k][i, h])}
-        for k in HEAD_MASK_KEYS for i in range(raw[k].shape[0]) for h in range(raw[k].shape[1])
+        for k in HEAD_MASK_KEYS
+        for i in range(raw[k].shape[0])
+        for h in range(raw[k].shape[1])
     ]
     tables.write(rows, ["kind", "layer", "head", "raw", "normalised"], csv_path=csv_path, digits=6)
     grid = [
         {"kind": k, "layer": i, **{f"head {h}": float(normalised[k][i, h]) for h in range(normalised[k].shape[1])}}
-        for k in HEAD_MASK_KEYS for i in range(normalised[k].shape[0])
+        for k in HEAD_MASK_KEYS
+        for i in range(normalised[k].shape[0])
     ]
     tables.write(grid, list(grid[0]), md_path=md_path)

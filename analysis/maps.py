@@ -29,8 +29,14 @@ def sentence_maps(run, sentence: str) -> tuple[dict[str, np.ndarray], list[str],
     if not src:
         raise ValueError(f"the sentence {sentence!r} has no tokens")
     hyp = translate.translate(
-        model, run.params, [src], beam_size=1, alpha=config.eval.alpha,
-        max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths, rows=1,
+        model,
+        run.params,
+        [src],
+        beam_size=1,
+        alpha=config.eval.alpha,
+        max_extra_length=config.eval.max_extra_length,
+        bucket_lengths=config.data.bucket_lengths,
+        rows=1,
     )[0]
     tgt_in = [BOS_ID, *hyp][: model.config.max_len]
     weights = heads.attention_weights(model, run.params, np.array([src], np.int32), np.array([tgt_in], np.int32))
@@ -59,6 +65,4 @@ def render(run, sentence: str, out_dir: Path, prefix: str = "maps") -> list[Path
     """One PNG per attention kind: `out_dir/{prefix}_{kind}.png`."""
     weights, src, tgt_in = sentence_maps(run, sentence)
     axes = {"encoder_self": (src, src), "decoder_self": (tgt_in, tgt_in), "decoder_cross": (tgt_in, src)}
-    return [
-        plot(weights[kind], *axes[kind], TITLES[kind], out_dir / f"{prefix}_{kind}.png") for kind in heads.MODULES
-    ]
+    return [plot(weights[kind], *axes[kind], TITLES[kind], out_dir / f"{prefix}_{kind}.png") for kind in heads.MODULES]

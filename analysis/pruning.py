@@ -31,7 +31,9 @@ def removal_order(importance: dict[str, np.ndarray], order: str, kinds, seed: in
     unknown = [k for k in kinds if k not in importance]
     if unknown or not kinds:
         raise ValueError(f"kinds must be a non-empty subset of {tuple(importance)}, got {list(kinds)}")
-    candidates = [(k, i, h) for k in kinds for i in range(importance[k].shape[0]) for h in range(importance[k].shape[1])]
+    candidates = [
+        (k, i, h) for k in kinds for i in range(importance[k].shape[0]) for h in range(importance[k].shape[1])
+    ]
     if order == "random":
         return [candidates[i] for i in np.random.default_rng(seed).permutation(len(candidates))]
     scores = np.array([importance[k][i, h] for k, i, h in candidates])
@@ -54,14 +56,21 @@ def prune_curves(run, score, importance, kinds, *, steps: int = 10, seed: int = 
             if removed not in cache:
                 cache[removed] = score(heads.zero_heads(run.params, heads.mask_without(run.model.config, removed)))
                 logging.info("pruned %d heads (%s order): %s", count, order, cache[removed])
-            rows.append({
-                "order": order, "fraction": count / len(sequence), "pruned": count, **cache[removed],
-                "heads": " ".join(f"{k}:{i}.{h}" for k, i, h in sequence[:count]),
-            })
+            rows.append(
+                {
+                    "order": order,
+                    "fraction": count / len(sequence),
+                    "pruned": count,
+                    **cache[removed],
+                    "heads": " ".join(f"{k}:{i}.{h}" for k, i, h in sequence[:count]),
+                }
+            )
     return rows
 
 
-def held_out_test(run, importance, kinds, corpus, *, fraction: float = 0.5, beam_size: int = 4, seed: int = 0) -> list[dict]:
+def held_out_test(
+    run, importance, kinds, corpus, *, fraction: float = 0.5, beam_size: int = 4, seed: int = 0
+) -> list[dict]:
     """The unpruned model against `fraction` of the heads of `kinds` pruned in importance and in random
     order, on `corpus` (held out from the importance sentences).
 
@@ -75,14 +84,31 @@ def held_out_test(run, importance, kinds, corpus, *, fraction: float = 0.5, beam
     config = run.config
 
     def hypotheses(params) -> list[str]:
-        return run.vocab.decode(translate.translate(
-            run.model, params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
-            max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths))
+        return run.vocab.decode(
+            translate.translate(
+                run.model,
+                params,
+                src_ids,
+                beam_size=beam_size,
+                alpha=config.eval.alpha,
+                max_extra_length=config.eval.max_extra_length,
+                bucket_lengths=config.data.bucket_lengths,
+            )
+        )
 
     full = hypotheses(run.params)
     full_bleu = translate.corpus_bleu(full, corpus.tgt)[0]
-    rows = [{"model": "unpruned", "pruned": 0, "of": 0, "bleu": full_bleu, "delta": 0.0,
-             "p_bootstrap": float("nan"), "p_randomization": float("nan")}]
+    rows = [
+        {
+            "model": "unpruned",
+            "pruned": 0,
+            "of": 0,
+            "bleu": full_bleu,
+            "delta": 0.0,
+            "p_bootstrap": float("nan"),
+            "p_randomization": float("nan"),
+        }
+    ]
     outputs = {"unpruned": {"hypotheses": full, "heads": []}}
     for order in ("importance", "random"):
         sequence = removal_order(importance, order, kinds, seed)
@@ -90,9 +116,17 @@ def held_out_test(run, importance, kinds, corpus, *, fraction: float = 0.5, beam
         removed = tuple(sorted(sequence[:count]))
         pruned = hypotheses(heads.zero_heads(run.params, heads.mask_without(run.model.config, removed)))
         bleu = translate.corpus_bleu(pruned, corpus.tgt)[0]
-        rows.append({"model": f"{order} order", "pruned": count, "of": len(sequence), "bleu": bleu, "delta": bleu - full_bleu,
-                     "p_bootstrap": significance.paired_bootstrap(full, pruned, corpus.tgt),
-                     "p_randomization": significance.paired_randomization(full, pruned, corpus.tgt)})
+        rows.append(
+            {
+                "model": f"{order} order",
+                "pruned": count,
+                "of": len(sequence),
+                "bleu": bleu,
+                "delta": bleu - full_bleu,
+                "p_bootstrap": significance.paired_bootstrap(full, pruned, corpus.tgt),
+                "p_randomization": significance.paired_randomization(full, pruned, corpus.tgt),
+            }
+        )
         outputs[f"{order} order"] = {"hypotheses": pruned, "heads": [f"{k}:{i}.{h}" for k, i, h in removed]}
         logging.info("held-out test, %d of %d heads pruned in %s order: %s", count, len(sequence), order, rows[-1])
     return rows, outputs

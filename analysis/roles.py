@@ -134,7 +134,9 @@ def plot_map(rows, path: Path) -> Path:
     layers = 1 + max(r["layer"] for r in rows)
     num_heads = 1 + max(r["head"] for r in rows)
     colours = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(kinds), figsize=(1.3 * num_heads * len(kinds) + 1, 1.0 * layers + 1.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(kinds), figsize=(1.3 * num_heads * len(kinds) + 1, 1.0 * layers + 1.2), squeeze=False
+    )
     for ax, kind in zip(axes[0], kinds):
         grid = np.zeros((layers, num_heads, 3))
         for r in (r for r in rows if r["kind"] == kind):

@@ -45,7 +45,9 @@ def convert_kv(tree, num_heads: int, num_kv_heads: int, how: str, fresh=None):
         if len(names) < 2 or names[-2] not in ("key", "value") or names[-1] not in ("kernel", "bias"):
             return x
         if x.shape[-2] != num_heads:
-            raise ValueError(f"{'/'.join(names)} has {x.shape[-2]} heads; expected num_heads={num_heads} (an MHA model)")
+            raise ValueError(
+                f"{'/'.join(names)} has {x.shape[-2]} heads; expected num_heads={num_heads} (an MHA model)"
+            )
         grouped = x.reshape(*x.shape[:-2], num_kv_heads, num_heads // num_kv_heads, x.shape[-1])
         if how == "mean":
             return grouped.mean(axis=-2)
@@ -69,15 +71,26 @@ def convert_state(state, num_heads: int, num_kv_heads: int, method: str, fresh_p
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "mha":
         return state
-    param_how, moment_how = {"mean": ("mean", "mean"), "first": ("first", "first"), "random": ("fresh", "zeros")}[method]
+    param_how, moment_how = {"mean": ("mean", "mean"), "first": ("first", "first"), "random": ("fresh", "zeros")}[
+        method
+    ]
     return state.replace(
         params=convert_kv(state.params, num_heads, num_kv_heads, param_how, fresh_params),
         opt_state=convert_kv(state.opt_state, num_heads, num_kv_heads, moment_how),
     )
 
 
-def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *,
-            bleu_examples: int, overwrite: bool = False, seed: int = 0):
+def uptrain(
+    workdir,
+    out_dir,
+    num_kv_heads: int,
+    method: str,
+    fraction: float,
+    *,
+    bleu_examples: int,
+    overwrite: bool = False,
+    seed: int = 0,
+):
     """Convert `workdir`'s latest checkpoint, train round(fraction x its step) steps in `out_dir`.
 
     Returns (converted params before training, the new run's config, model, trained params, steps).
@@ -93,7 +106,9 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     geometry = model.config.geometry
     heads = geometry.num_heads
     if geometry.kv_sharing != "MHA":
-        raise ValueError(f"{workdir} holds a model with num_kv_heads={model.config.num_kv_heads}; uptraining starts from MHA")
+        raise ValueError(
+            f"{workdir} holds a model with num_kv_heads={model.config.num_kv_heads}; uptraining starts from MHA"
+        )
     steps = max(1, round(fraction * start))
 
     new_config = copy.deepcopy(config)
@@ -103,7 +118,9 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     new_config.log_every_steps = max(1, min(config.log_every_steps, steps))
     new_config.eval.bleu_examples = bleu_examples
     new_config.max_train_seconds = 0.0
-    new_config.compilation_cache_dir = jax.config.jax_compilation_cache_dir or ""  # this process's (analyze.py's flag), not the source's
+    new_config.compilation_cache_dir = (
+        jax.config.jax_compilation_cache_dir or ""
+    )  # this process's (analyze.py's flag), not the source's
     new_model = config_lib.build_model(new_config, vocab)
     tokens = jnp.ones((1, 2), jnp.int32)
     fresh = new_model.init(jax.random.key(seed), tokens, tokens)["params"]
@@ -125,36 +142,72 @@ def uptrain(workdir, out_dir, num_kv_heads: int, method: str, fraction: float, *
     return converted.params, new_config, trained.model, trained.params, steps
 
 
-def compare(run, corpus, num_kv_heads: int, methods, fraction: float, *, beam_size: int = 1,
-            speed_rows: int = 64, overwrite: bool = False) -> list[dict]:
+def compare(
+    run,
+    corpus,
+    num_kv_heads: int,
+    methods,
+    fraction: float,
+    *,
+    beam_size: int = 1,
+    speed_rows: int = 64,
+    overwrite: bool = False,
+) -> list[dict]:
     """The uptraining table: the MHA model, then each method before and after uptraining.
 
     Dev loss and BLEU are on `corpus`; decode speed is greedy on its first `speed_rows` sources,
     the same batch for every model, as a ratio to the MHA model measured in this call.
     """
     src_ids = run.vocab.encode(list(corpus.src[:speed_rows]))
-    speed = lambda model, params: {"tokens_per_s": evaluate.decoding_speed(
-        model, params, src_ids, run.config.data.bucket_lengths, beam_sizes=(1,),
-        max_extra_length=run.config.eval.max_extra_length)["decode_tokens_per_s_beam1"]}
+    speed = lambda model, params: {
+        "tokens_per_s": evaluate.decoding_speed(
+            model,
+            params,
+            src_ids,
+            run.config.data.bucket_lengths,
+            beam_sizes=(1,),
+            max_extra_length=run.config.eval.max_extra_length,
+        )["decode_tokens_per_s_beam1"]
+    }
     config, vocab = run.config, run.vocab
     ckpts = checkpoints.Checkpoints(run.workdir, config.keep_checkpoints, read_only=True)
     mha_state, mha_step = ckpts.restore_latest(step_lib.abstract_state(run.model, config))
     ckpts.close()
     heads = run.model.config.num_heads
-    base = {"heads": heads, **workdir_lib.scorer(config, vocab, run.model, corpus, beam_size)(mha_state.params),
-            **speed(run.model, mha_state.params)}
+    base = {
+        "heads": heads,
+        **workdir_lib.scorer(config, vocab, run.model, corpus, beam_size)(mha_state.params),
+        **speed(run.model, mha_state.params),
+    }
     rows = [{"model": f"MHA step {mha_step}", "kv_heads": heads, "method": "-", "steps": 0, **base}]
     for method in methods:
         out_dir = run.out_dir / ("uptrain_mha_continue" if method == "mha" else f"uptrain_kv{num_kv_heads}_{method}")
         before, new_config, model, after, steps = uptrain(
-            run.workdir, out_dir, num_kv_heads, method, fraction, bleu_examples=len(corpus), overwrite=overwrite)
+            run.workdir, out_dir, num_kv_heads, method, fraction, bleu_examples=len(corpus), overwrite=overwrite
+        )
         score = workdir_lib.scorer(new_config, vocab, model, corpus, beam_size)
         kv = model.config.geometry.num_kv_heads
         if method != "mha":
-            rows.append({"model": f"G={kv} {method}, converted", "kv_heads": kv, "method": method, "steps": 0,
-                         **score(before), **speed(model, before)})
-        rows.append({"model": f"G={kv} {method}, uptrained", "kv_heads": kv, "method": method, "steps": steps,
-                     **score(after), **speed(model, after)})
+            rows.append(
+                {
+                    "model": f"G={kv} {method}, converted",
+                    "kv_heads": kv,
+                    "method": method,
+                    "steps": 0,
+                    **score(before),
+                    **speed(model, before),
+                }
+            )
+        rows.append(
+            {
+                "model": f"G={kv} {method}, uptrained",
+                "kv_heads": kv,
+                "method": method,
+                "steps": steps,
+                **score(after),
+                **speed(model, after),
+            }
+        )
     for r in rows:
         r["speed_vs_mha"] = r["tokens_per_s"] / base["tokens_per_s"]
     return rows

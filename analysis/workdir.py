@@ -34,7 +34,15 @@ class Run:
 def load(workdir: str | Path, cache: Path | None = None) -> Run:
     """The workdir's best checkpoint (else its latest), as `eval.py` loads it (cache: `load_run`'s)."""
     loaded = load_run(workdir, cache)
-    return Run(loaded.config, loaded.vocab, loaded.model, loaded.params, loaded.step, workdir=Path(workdir), checkpoint=loaded.checkpoint)
+    return Run(
+        loaded.config,
+        loaded.vocab,
+        loaded.model,
+        loaded.params,
+        loaded.step,
+        workdir=Path(workdir),
+        checkpoint=loaded.checkpoint,
+    )
 
 
 def dev_subset(config, split: str, size: int, start: int = 0) -> Corpus:
@@ -56,8 +64,13 @@ def scorer(config, vocab, model, corpus: Corpus, beam_size: int = 1):
 
     def score(params) -> dict:
         hyps = translate.translate(
-            model, params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
-            max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
+            model,
+            params,
+            src_ids,
+            beam_size=beam_size,
+            alpha=config.eval.alpha,
+            max_extra_length=config.eval.max_extra_length,
+            bucket_lengths=config.data.bucket_lengths,
         )
         bleu, _ = translate.corpus_bleu(vocab.decode(hyps), corpus.tgt)
         return {"loss": dev.dev_loss(params, batches, eval_step), "bleu": bleu}

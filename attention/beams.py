@@ -39,10 +39,16 @@ ROWS_READ = "beam_rows_read"  # what a layer that read its cache through the tab
 def check_rows(beam_rows: jax.Array, batch: tuple, max_length: int) -> None:
     """ValueError unless `beam_rows` is `[sources, beams, max_length]` with sources * beams the cache's one batch axis."""
     batch = tuple(batch)
-    if (beam_rows.ndim != 3 or len(batch) != 1 or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
-            or beam_rows.shape[2] != max_length):
-        raise ValueError(f"cache beam_rows must be [sources, beams, {max_length}] int with sources * beams = the "
-                         f"batch {batch}, got shape {beam_rows.shape}")
+    if (
+        beam_rows.ndim != 3
+        or len(batch) != 1
+        or beam_rows.shape[0] * beam_rows.shape[1] != batch[0]
+        or beam_rows.shape[2] != max_length
+    ):
+        raise ValueError(
+            f"cache beam_rows must be [sources, beams, {max_length}] int with sources * beams = the "
+            f"batch {batch}, got shape {beam_rows.shape}"
+        )
 
 
 def gather_history(x: jax.Array, beam_rows: jax.Array) -> jax.Array:
@@ -52,9 +58,17 @@ def gather_history(x: jax.Array, beam_rows: jax.Array) -> jax.Array:
     return jnp.take_along_axis(by_source, beam_rows[:, :, :, None, None], axis=1).reshape(x.shape)
 
 
-def history_attention(query: jax.Array, key: jax.Array, value: jax.Array, beam_rows: jax.Array, mask: jax.Array,
-                      dtype: Any = None, precision: Any = None, bias: jax.Array | None = None,
-                      formulation: Formulation | None = None) -> jax.Array:
+def history_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    beam_rows: jax.Array,
+    mask: jax.Array,
+    dtype: Any = None,
+    precision: Any = None,
+    bias: jax.Array | None = None,
+    formulation: Formulation | None = None,
+) -> jax.Array:
     """Each beam's queries attend its own history in the shared cache.
 
     query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's
@@ -73,20 +87,24 @@ def history_attention(query: jax.Array, key: jax.Array, value: jax.Array, beam_r
     # sources x their K rows (j) x KV heads: the batch axes of both products, major in the cache's
     # `[B*K, G, L, D]`, so neither product copies the cache; M = K Lq R queries of a source and head
     queries = (query * jnp.asarray(1 / math.sqrt(Dk), dtype)).reshape(B, K, Lq, G, R, Dk)
-    queries = jnp.broadcast_to(queries.transpose(0, 3, 1, 2, 4, 5).reshape(B, 1, G, K * Lq * R, Dk),
-                               (B, K, G, K * Lq * R, Dk))
+    queries = jnp.broadcast_to(
+        queries.transpose(0, 3, 1, 2, 4, 5).reshape(B, 1, G, K * Lq * R, Dk), (B, K, G, K * Lq * R, Dk)
+    )
     # materialised where the backend asks (it is small): on XLA:CPU a broadcast lets XLA drop j from
     # the product's batch axes, and then it transposes the whole cache to [B, G, K L, D] every step
     queries = resolve(formulation).materialize(queries)
     keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
-    logits = jnp.einsum("bjgmd,bjgpd->bjgmp", queries, keys, precision=precision,
-                        preferred_element_type=logits_dtype(dtype))
+    logits = jnp.einsum(
+        "bjgmd,bjgpd->bjgmp", queries, keys, precision=precision, preferred_element_type=logits_dtype(dtype)
+    )
     if bias is not None:
         logits = logits + _by_source(bias, B, K, G, H, Lq).reshape(B, 1, G, K * Lq * R, L).astype(logits.dtype)
-    weights = jax.nn.softmax(jnp.where(_history_mask(beam_rows, mask, G, H, Lq), logits,
-                                       jnp.finfo(logits.dtype).min), axis=(1, 4)).astype(dtype)
-    out = jnp.einsum("bjgmp,bjgpd->bjgmd", weights, values, precision=precision,
-                     preferred_element_type=logits_dtype(dtype)).sum(axis=1)  # j summed apart: no V transpose
+    weights = jax.nn.softmax(
+        jnp.where(_history_mask(beam_rows, mask, G, H, Lq), logits, jnp.finfo(logits.dtype).min), axis=(1, 4)
+    ).astype(dtype)
+    out = jnp.einsum(
+        "bjgmp,bjgpd->bjgmd", weights, values, precision=precision, preferred_element_type=logits_dtype(dtype)
+    ).sum(axis=1)  # j summed apart: no V transpose
     return out.reshape(B, G, K, Lq, R, Dv).transpose(0, 2, 3, 1, 4, 5).reshape(B * K, Lq, H, Dv).astype(dtype)
 
 

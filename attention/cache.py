@@ -35,9 +35,18 @@ class Step(NamedTuple):
     offset: jax.Array  # the first new query's absolute position (the index before the write), [] or [batch...]
 
 
-def step(cached_key: jax.Array, cached_value: jax.Array, index: jax.Array, key: jax.Array, value: jax.Array,
-         mask: jax.Array | None, *, num_heads: int, lengths: jax.Array | None = None,
-         formulation: Formulation | None = None) -> Step:
+def step(
+    cached_key: jax.Array,
+    cached_value: jax.Array,
+    index: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None,
+    *,
+    num_heads: int,
+    lengths: jax.Array | None = None,
+    formulation: Formulation | None = None,
+) -> Step:
     """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
 
     mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
@@ -47,12 +56,15 @@ def step(cached_key: jax.Array, cached_value: jax.Array, index: jax.Array, key: 
     *lead, G, max_length, _ = cached_key.shape
     batch, new_length = tuple(lead), key.shape[-3]
     if tuple(key.shape[:-3]) != batch or key.shape[-2] != G or new_length > max_length:
-        raise ValueError(f"decode: the cache holds {max_length} positions for batch {batch} and {G} KV heads, "
-                         f"got keys {key.shape} (at most {max_length} new positions)")
+        raise ValueError(
+            f"decode: the cache holds {max_length} positions for batch {batch} and {G} KV heads, "
+            f"got keys {key.shape} (at most {max_length} new positions)"
+        )
     advance = _advance(lengths, index, batch, new_length)
     mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
-    new_key, new_value = resolve(formulation).materialize((write(cached_key, key, index),
-                                                            write(cached_value, value, index)))
+    new_key, new_value = resolve(formulation).materialize(
+        (write(cached_key, key, index), write(cached_value, value, index))
+    )
     mask = and_masks(causal_mask(index, new_length, max_length), mask)
     to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
     return Step(new_key, new_value, index + advance, to_caller(new_key), to_caller(new_value), mask, index)
@@ -63,8 +75,10 @@ def _advance(lengths, index, batch, new_length):
         return jnp.asarray(new_length, index.dtype)
     lengths = jnp.asarray(lengths)
     if lengths.shape != batch or not jnp.issubdtype(lengths.dtype, jnp.integer) or index.shape != batch:
-        raise ValueError(f"lengths must be ints of shape {batch} (the real new tokens per sequence) over a cache "
-                         f"with one position per sequence, got {lengths.dtype} {lengths.shape} (index {index.shape})")
+        raise ValueError(
+            f"lengths must be ints of shape {batch} (the real new tokens per sequence) over a cache "
+            f"with one position per sequence, got {lengths.dtype} {lengths.shape} (index {index.shape})"
+        )
     return lengths.astype(index.dtype)
 
 

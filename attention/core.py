@@ -94,11 +94,29 @@ def attend(
     bias = None if bias is None else jnp.asarray(bias)
     check_float_like("bias", bias, logits_shape)
     dropout = _dropout_active(dropout_rate, dropout_rng, deterministic)
-    options = _options(is_causal, local_window_size, dropout_rate if dropout else 0.0, dropout_rng if dropout else None,
-                       broadcast_dropout, precision, block_q, block_k, formulation)
+    options = _options(
+        is_causal,
+        local_window_size,
+        dropout_rate if dropout else 0.0,
+        dropout_rng if dropout else None,
+        broadcast_dropout,
+        precision,
+        block_q,
+        block_k,
+        formulation,
+    )
     if impl == "auto":
-        impl = choose_impl(Lq, Lk, dtype, Dk, Dv, dropout, bias is not None,
-                           skips_blocks=is_causal or options.window is not None, platform=options.formulation.platform)
+        impl = choose_impl(
+            Lq,
+            Lk,
+            dtype,
+            Dk,
+            Dv,
+            dropout,
+            bias is not None,
+            skips_blocks=is_causal or options.window is not None,
+            platform=options.formulation.platform,
+        )
     out, weights = IMPLEMENTATIONS[impl](
         *to_grouped(query, key, value), group_heads(mask, batch, G), group_heads(bias, batch, G), options
     )
@@ -114,17 +132,28 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, **
 
 # inspect.signature reads __signature__, which typeshed does not declare on functions
 dot_product_attention.__signature__ = inspect.signature(attend).replace(  # type: ignore[attr-defined]
-    return_annotation=jax.Array)
+    return_annotation=jax.Array
+)
 
 
-def _options(is_causal, local_window_size, dropout_rate, dropout_rng, broadcast_dropout, precision, block_q, block_k,
-             formulation) -> Options:
+def _options(
+    is_causal, local_window_size, dropout_rate, dropout_rng, broadcast_dropout, precision, block_q, block_k, formulation
+) -> Options:
     """The checked `Options` every implementation takes."""
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if not is_positive_int(size):
             raise ValueError(f"{name} must be a positive int, got {size!r}")
-    return Options(is_causal, normalize_window(local_window_size), dropout_rate, dropout_rng, broadcast_dropout,
-                   precision, block_q, block_k, resolve(formulation))
+    return Options(
+        is_causal,
+        normalize_window(local_window_size),
+        dropout_rate,
+        dropout_rng,
+        broadcast_dropout,
+        precision,
+        block_q,
+        block_k,
+        resolve(formulation),
+    )
 
 
 def _check_impl(impl, dtype):
@@ -155,21 +184,15 @@ def _check_shapes(query, key, value):
         )
     batch = query.shape[:-3]
     if key.shape[:-3] != batch or value.shape[:-3] != batch:
-        raise ValueError(
-            f"batch axes differ: query {query.shape}, key {key.shape}, value {value.shape}"
-        )
+        raise ValueError(f"batch axes differ: query {query.shape}, key {key.shape}, value {value.shape}")
     Lq, H, Dk = query.shape[-3:]
     Lk, G = key.shape[-3:-1]
     if value.shape[:-1] != key.shape[:-1]:
-        raise ValueError(
-            f"key {key.shape} and value {value.shape} must agree on all but the last axis"
-        )
+        raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the last axis")
     if key.shape[-1] != Dk:
         raise ValueError(f"query and key head dims differ: {Dk} vs {key.shape[-1]}")
     if G < 1 or H % G:
-        raise ValueError(
-            f"query heads ({H}) must be a multiple of key/value heads ({G})"
-        )
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({G})")
     return batch, (Lq, H, Dk), (Lk, G), value.shape[-1]
 
 
@@ -205,8 +228,11 @@ def choose_impl(
     if is_nvidia_gpu(platform):
         cudnn_ok = (
             jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-            and key_dim == value_dim and key_dim <= 128 and key_dim % 8 == 0
-            and not dropout and not has_bias
+            and key_dim == value_dim
+            and key_dim <= 128
+            and key_dim % 8 == 0
+            and not dropout
+            and not has_bias
         )
         if cudnn_ok:
             return _log_choice("cudnn", "GPU, half precision, head dim <= 128, no dropout or bias")

@@ -50,8 +50,10 @@ def call_attention_fn(layer, query, key, value, mask, is_causal, deterministic, 
 def check_einsum_cls(layer) -> None:
     """The Linen layer's einsum classes are forwarded to `attention_fn`, as Flax's: they need one."""
     if (layer.qk_attn_weights_einsum_cls or layer.attn_weights_value_einsum_cls) and layer.attention_fn is None:
-        raise ValueError("qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
-                         "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too")
+        raise ValueError(
+            "qk_attn_weights_einsum_cls / attn_weights_value_einsum_cls are forwarded to "
+            "attention_fn; set attention_fn (e.g. flax.linen.dot_product_attention) too"
+        )
 
 
 def resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
@@ -98,12 +100,19 @@ def resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
 
 def check_nnx_call(layer, inputs_q, decode, lengths, input_positions) -> None:
     """The NNX layer's call arguments that Flax's has or ours adds: in_features, lengths, input_positions."""
-    require("", "inputs_q features", inputs_q.shape[-1], inputs_q.shape[-1] == layer.in_features,
-            f"in_features = {layer.in_features} (shape {inputs_q.shape})")
+    require(
+        "",
+        "inputs_q features",
+        inputs_q.shape[-1],
+        inputs_q.shape[-1] == layer.in_features,
+        f"in_features = {layer.in_features} (shape {inputs_q.shape})",
+    )
     mh.check_lengths(lengths, decode)
     if input_positions is not None and layer.attention_fn is None:
-        raise ValueError("input_positions is forwarded to attention_fn, and attention_fn is None; set an "
-                         "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)")
+        raise ValueError(
+            "input_positions is forwarded to attention_fn, and attention_fn is None; set an "
+            "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)"
+        )
 
 
 def linen_dropout(layer, deterministic, dropout_rng):
@@ -116,15 +125,21 @@ def nnx_dropout(layer, deterministic, rngs):
     """The NNX layer's (deterministic, dropout key or None), resolved as `flax.nnx.MultiHeadAttention` resolves them."""
     if layer.dropout_rate == 0.0:
         return True, None
-    deterministic = first_from(deterministic, layer.deterministic, error_msg=(
-        "No `deterministic` argument was provided to MultiHeadAttention as either a __call__ argument or class "
-        "attribute (it is needed when dropout_rate > 0)."))
+    deterministic = first_from(
+        deterministic,
+        layer.deterministic,
+        error_msg=(
+            "No `deterministic` argument was provided to MultiHeadAttention as either a __call__ argument or class "
+            "attribute (it is needed when dropout_rate > 0)."
+        ),
+    )
     rngs = layer.rngs if rngs is None else rngs.dropout if isinstance(rngs, nnx.Rngs) else rngs
     if deterministic:
         return True, None
     if rngs is None:
-        raise ValueError("rngs must be provided to __call__ when dropout is on and the layer was built with "
-                         "keep_rngs=False")
+        raise ValueError(
+            "rngs must be provided to __call__ when dropout is on and the layer was built with keep_rngs=False"
+        )
     return False, rngs()
 
 

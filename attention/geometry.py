@@ -43,16 +43,31 @@ class HeadGeometry:
         require_positive_ints(owner, num_heads=num_heads)
         require_positive_ints(owner, optional=True, num_kv_heads=num_kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        require(owner, "num_kv_heads", num_kv_heads, num_heads % kv_heads == 0,
-                 f"a divisor of num_heads ({num_heads}): num_heads ({num_heads}) must be divisible "
-                 f"by num_kv_heads ({kv_heads})")
+        require(
+            owner,
+            "num_kv_heads",
+            num_kv_heads,
+            num_heads % kv_heads == 0,
+            f"a divisor of num_heads ({num_heads}): num_heads ({num_heads}) must be divisible "
+            f"by num_kv_heads ({kv_heads})",
+        )
         if head_dim is None:
-            require(owner, features_name, features, is_positive_int(features),
-                     f"a positive int when head_dim is None (d_k = {features_name} / num_heads)")
+            require(
+                owner,
+                features_name,
+                features,
+                is_positive_int(features),
+                f"a positive int when head_dim is None (d_k = {features_name} / num_heads)",
+            )
             assert isinstance(features, int)  # as just required; narrows `int | None` for the type checker
-            require(owner, features_name, features, features % num_heads == 0,
-                     f"divisible by num_heads ({num_heads}) when head_dim is None: {features_name} "
-                     f"({features}) must be divisible by num_heads ({num_heads})")
+            require(
+                owner,
+                features_name,
+                features,
+                features % num_heads == 0,
+                f"divisible by num_heads ({num_heads}) when head_dim is None: {features_name} "
+                f"({features}) must be divisible by num_heads ({num_heads})",
+            )
             head_dim = features // num_heads
         return cls(num_heads, kv_heads, head_dim, head_dim if v_head_dim is None else v_head_dim)
 

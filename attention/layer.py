@@ -74,10 +74,21 @@ class MultiHeadAttention(nn.Module):
     per_sequence_index: bool = False
 
     @nn.compact
-    def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None, *,
-                 inputs_kv: jax.Array | None = None, mask: jax.Array | None = None, deterministic: bool | None = None,
-                 dropout_rng: jax.Array | None = None, sow_weights: bool = False, head_mask: jax.Array | None = None,
-                 is_causal: bool = False, lengths: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_k: jax.Array | None = None,
+        inputs_v: jax.Array | None = None,
+        *,
+        inputs_kv: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        deterministic: bool | None = None,
+        dropout_rng: jax.Array | None = None,
+        sow_weights: bool = False,
+        head_mask: jax.Array | None = None,
+        is_causal: bool = False,
+        lengths: jax.Array | None = None,
+    ) -> jax.Array:
         """Self-attention on `inputs_q [batch..., Lq, D]`, or cross-attention to `inputs_k`/`inputs_v`.
 
         mask: broadcastable to `[batch..., H, Lq, Lk]`: bool (True = attend) or numeric (non-zero = attend).
@@ -89,8 +100,9 @@ class MultiHeadAttention(nn.Module):
         inputs_k, inputs_v = flax_compat.resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
         geometry, blocks, options = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q, lengths)
         if self.attention_type != "softmax":
-            x = self._family_attention(options, geometry, (inputs_q, inputs_k, inputs_v), mask, is_causal, sow_weights,
-                                       lengths)
+            x = self._family_attention(
+                options, geometry, (inputs_q, inputs_k, inputs_v), mask, is_causal, sow_weights, lengths
+            )
             return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
         deterministic, dropout_rng = flax_compat.linen_dropout(self, deterministic, dropout_rng)
@@ -99,64 +111,126 @@ class MultiHeadAttention(nn.Module):
         if step is not None:  # the cache mask is causal, at the right offset
             key, value, mask, is_causal = step.key, step.value, step.mask, False
         if self.attention_fn is not None:
-            x = flax_compat.call_attention_fn(self, query, key, value, mask, is_causal, deterministic, dropout_rng,
-                                              sow_weights)
+            x = flax_compat.call_attention_fn(
+                self, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
+            )
         else:
             x = mh.exact_heads(
-                query, key, value, sow=self._sow if sow_weights else None, impl=self.impl, **blocks, mask=mask,
-                beam_rows=beam_rows, is_causal=is_causal, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
-                deterministic=deterministic, broadcast_dropout=self.broadcast_dropout, dtype=self.dtype,
-                precision=self.precision, formulation=self.formulation)
+                query,
+                key,
+                value,
+                sow=self._sow if sow_weights else None,
+                impl=self.impl,
+                **blocks,
+                mask=mask,
+                beam_rows=beam_rows,
+                is_causal=is_causal,
+                dropout_rate=self.dropout_rate,
+                dropout_rng=dropout_rng,
+                deterministic=deterministic,
+                broadcast_dropout=self.broadcast_dropout,
+                dtype=self.dtype,
+                precision=self.precision,
+                formulation=self.formulation,
+            )
         return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
 
     def _sow(self, weights):  # Flax sows float32 weights under force_fp32_for_softmax
-        self.sow("intermediates", "attention_weights", weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights)
+        self.sow(
+            "intermediates",
+            "attention_weights",
+            weights.astype(jnp.float32) if self.force_fp32_for_softmax else weights,
+        )
 
     def _output(self, x, inputs_q):
         """Heads `[batch..., Lq, H, d_v]` through W^O."""
         return nn.DenseGeneral(
-            features=self.out_features or inputs_q.shape[-1], axis=(-2, -1), kernel_init=self.out_kernel_init or
-            self.kernel_init, bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
-            param_dtype=self.param_dtype, precision=self.precision, dot_general=self.out_dot_general,
-            dot_general_cls=self.out_dot_general_cls, name="out")(x)
+            features=self.out_features or inputs_q.shape[-1],
+            axis=(-2, -1),
+            kernel_init=self.out_kernel_init or self.kernel_init,
+            bias_init=self.out_bias_init or self.bias_init,
+            use_bias=self.use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            precision=self.precision,
+            dot_general=self.out_dot_general,
+            dot_general_cls=self.out_dot_general_cls,
+            name="out",
+        )(x)
 
     def _family_attention(self, options, geometry, inputs, mask, is_causal, sow_weights, lengths):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
         causal, (inputs_q, inputs_k, inputs_v) = is_causal or self.decode, inputs
-        spec = mh.check_member_call(type(self).__name__, self, geometry, is_self=inputs_k is inputs_q and inputs_v is
-                                    inputs_q, values_are_keys=inputs_v is inputs_k, causal=causal, decode=self.decode,
-                                    sow_weights=sow_weights)
-        family.check_state_decode(self.attention_type, spec, decode=self.decode, lengths=lengths,
-                                  in_decode_mode=self.decode and spec.decode == "state")
+        spec = mh.check_member_call(
+            type(self).__name__,
+            self,
+            geometry,
+            is_self=inputs_k is inputs_q and inputs_v is inputs_q,
+            values_are_keys=inputs_v is inputs_k,
+            causal=causal,
+            decode=self.decode,
+            sow_weights=sow_weights,
+        )
+        family.check_state_decode(
+            self.attention_type,
+            spec,
+            decode=self.decode,
+            lengths=lengths,
+            in_decode_mode=self.decode and spec.decode == "state",
+        )
         module = mh.make_member(self, options, geometry, decode=self.decode, kernel_init=self.kernel_init)
         project = functools.partial(self._project, geometry=geometry)
         use_cache = functools.partial(self._use_cache, lengths=lengths)
-        return mh.family_heads(spec, module, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal,
-                               decode=self.decode)
+        return mh.family_heads(
+            spec, module, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal, decode=self.decode
+        )
 
     def _check_config(self, inputs_q, is_self_attention, lengths):
         """Validate the attributes and `lengths`; return the `HeadGeometry`, `attend`'s block sizes, the member's options."""
         owner = f"{type(self).__name__}."
         geometry = HeadGeometry.resolve(
-            self.num_heads, num_kv_heads=self.num_kv_heads, v_head_dim=self.v_head_dim,
-            features=self.qkv_features or inputs_q.shape[-1], features_name="qkv_features", owner=owner,
+            self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            v_head_dim=self.v_head_dim,
+            features=self.qkv_features or inputs_q.shape[-1],
+            features_name="qkv_features",
+            owner=owner,
         )
-        blocks = mh.check_settings(owner, geometry, impl=self.impl, block_sizes=self.block_sizes,
-                                   fused_qkv=self.fused_qkv, dropout_rate=self.dropout_rate)
+        blocks = mh.check_settings(
+            owner,
+            geometry,
+            impl=self.impl,
+            block_sizes=self.block_sizes,
+            fused_qkv=self.fused_qkv,
+            dropout_rate=self.dropout_rate,
+        )
         mh.check_fused_inputs(self.fused_qkv, is_self_attention)
         if self.cache_cross_kv and self.decode:
-            raise ValueError(f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
-                             "a source's keys/values (cross-attention), decode appends to a self-attention cache")
+            raise ValueError(
+                f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
+                "a source's keys/values (cross-attention), decode appends to a self-attention cache"
+            )
         flax_compat.check_einsum_cls(self)
         mh.check_lengths(lengths, self.decode)
-        return geometry, blocks, family.check_options(self.attention_type, self.attention_options)  # checks the name too
+        return (
+            geometry,
+            blocks,
+            family.check_options(self.attention_type, self.attention_options),
+        )  # checks the name too
 
     def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):
         """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk] (q when `shared_qk`), v [batch..., Lk, G, Dv]; qk-normed."""
         dense = functools.partial(
-            nn.DenseGeneral, axis=-1, dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-            bias_init=self.bias_init, use_bias=self.use_bias, precision=self.precision,
-            dot_general=self.qkv_dot_general, dot_general_cls=self.qkv_dot_general_cls,
+            nn.DenseGeneral,
+            axis=-1,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            bias_init=self.bias_init,
+            use_bias=self.use_bias,
+            precision=self.precision,
+            dot_general=self.qkv_dot_general,
+            dot_general_cls=self.qkv_dot_general_cls,
         )
         H, G, d_k = geometry.num_heads, geometry.num_kv_heads, geometry.head_dim
         if self.fused_qkv:
@@ -175,7 +249,11 @@ class MultiHeadAttention(nn.Module):
 
     def _cross_kv(self, project_kv):
         """(key, value) from the cache if stored (`cache_cross_kv`), else projected, and stored if the cache is being filled."""
-        stored = tuple(self.get_variable("cache", n) for n in mh.CROSS_KV) if self.has_variable("cache", "cross_key") else None
+        stored = (
+            tuple(self.get_variable("cache", n) for n in mh.CROSS_KV)
+            if self.has_variable("cache", "cross_key")
+            else None
+        )
         fill = self.is_mutable_collection("cache") and not self.is_initializing()
         return mh.cross_kv(stored, project_kv, functools.partial(self.put_variable, "cache") if fill else None)
 
@@ -183,17 +261,31 @@ class MultiHeadAttention(nn.Module):
         """`multihead.decode_step` over the `cache` collection -> (`cache.Step`, beam_rows); (None, None) at init."""
         initialized = self.has_variable("cache", "cached_key")
         dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
-        zeros = functools.partial(mh.empty_cache, key.shape[:-3], *key.shape[-3:], value.shape[-1], dtype,
-                                  per_sequence=self.per_sequence_index)
+        zeros = functools.partial(
+            mh.empty_cache,
+            key.shape[:-3],
+            *key.shape[-3:],
+            value.shape[-1],
+            dtype,
+            per_sequence=self.per_sequence_index,
+        )
         variables = [self.variable("cache", name, lambda i=i: zeros()[i]) for i, name in enumerate(mh.CACHE)]
         if not initialized:  # init: size the cache, attend over the inputs as usual
             return None, None
         rows = self.get_variable("cache", beams.ROWS)  # None unless beam search put its table there
         if rows is not None:  # tells beam search this cache was read through the table (attention.beams)
             self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
-        step, rows = mh.decode_step(tuple(v.value for v in variables), key, value, mask, num_heads=self.num_heads,
-                                    lengths=lengths, formulation=resolve(self.formulation), beam_rows=rows,
-                                    beams_in_place=beams_in_place)
+        step, rows = mh.decode_step(
+            tuple(v.value for v in variables),
+            key,
+            value,
+            mask,
+            num_heads=self.num_heads,
+            lengths=lengths,
+            formulation=resolve(self.formulation),
+            beam_rows=rows,
+            beams_in_place=beams_in_place,
+        )
         for variable, new in zip(variables, step[:3]):
             variable.value = new
         return step, rows

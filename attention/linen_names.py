@@ -25,14 +25,22 @@ class SelfAttention(MultiHeadDotProductAttention):
     """
 
     @nn.compact
-    def __call__(self, inputs_q: jax.Array, mask: jax.Array | None = None,  # type: ignore[override]
-                 deterministic: bool | None = None, dropout_rng: jax.Array | None = None, sow_weights: bool = False,
-                 **kwargs) -> jax.Array:
+    def __call__(  # type: ignore[override]
+        self,
+        inputs_q: jax.Array,
+        mask: jax.Array | None = None,
+        deterministic: bool | None = None,
+        dropout_rng: jax.Array | None = None,
+        sow_weights: bool = False,
+        **kwargs,
+    ) -> jax.Array:
         """`inputs_q [batch..., L, D]` -> `[batch..., L, out_features or D]`; kwargs: head_mask, is_causal."""
         warnings.warn(
             "SelfAttention will be deprecated soon. Use `MultiHeadDotProductAttention.__call__(inputs_q)` instead. "
             "See https://github.com/google/flax/discussions/3389 for more information.",
-            DeprecationWarning, stacklevel=2,
+            DeprecationWarning,
+            stacklevel=2,
         )
-        return super().__call__(inputs_q, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng,
-                                sow_weights=sow_weights, **kwargs)
+        return super().__call__(
+            inputs_q, mask=mask, deterministic=deterministic, dropout_rng=dropout_rng, sow_weights=sow_weights, **kwargs
+        )

@@ -114,9 +114,7 @@ def _and_all(present, dtype):
     try:
         np.broadcast_shapes(*(m.shape for m in present))
     except ValueError:
-        raise ValueError(
-            f"combine_masks: mask shapes {[m.shape for m in present]} do not broadcast"
-        ) from None
+        raise ValueError(f"combine_masks: mask shapes {[m.shape for m in present]} do not broadcast") from None
     mask = present[0].astype(bool)
     for other in present[1:]:
         mask = jnp.logical_and(mask, other)
@@ -137,13 +135,16 @@ def and_masks(*masks: ArrayLike | None) -> jax.Array | None:
 
 
 @overload
-def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: Literal[True],
-                        window: tuple[int, int] | None = None) -> jax.Array: ...
+def allowed_by_position(
+    query_pos: jax.Array, key_pos: jax.Array, is_causal: Literal[True], window: tuple[int, int] | None = None
+) -> jax.Array: ...
 @overload
-def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: bool,
-                        window: tuple[int, int] | None = None) -> jax.Array | None: ...
-def allowed_by_position(query_pos: jax.Array, key_pos: jax.Array, is_causal: bool,
-                        window: tuple[int, int] | None = None) -> jax.Array | None:
+def allowed_by_position(
+    query_pos: jax.Array, key_pos: jax.Array, is_causal: bool, window: tuple[int, int] | None = None
+) -> jax.Array | None: ...
+def allowed_by_position(
+    query_pos: jax.Array, key_pos: jax.Array, is_causal: bool, window: tuple[int, int] | None = None
+) -> jax.Array | None:
     """Where the causal / sliding-window structure lets a query attend a key, by absolute positions.
 
     query_pos and key_pos broadcast against each other (e.g. `[..., Lq, 1]` and `[..., 1, Lk]`);
@@ -183,8 +184,9 @@ def structure_mask(
     """
     if not is_causal and local_window_size is None:
         return None
-    return allowed_by_position(jnp.arange(query_length)[:, None], jnp.arange(key_length)[None, :], is_causal,
-                               local_window_size)
+    return allowed_by_position(
+        jnp.arange(query_length)[:, None], jnp.arange(key_length)[None, :], is_causal, local_window_size
+    )
 
 
 def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int, int] | None:
@@ -198,8 +200,7 @@ def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int
     )
     if len(window) != 2 or not all(isinstance(w, (int, np.integer)) and w >= 0 for w in window):
         raise ValueError(
-            "local_window_size must be a non-negative int or a (left, right) pair of them, "
-            f"got {local_window_size!r}"
+            f"local_window_size must be a non-negative int or a (left, right) pair of them, got {local_window_size!r}"
         )
     return int(window[0]), int(window[1])
 
@@ -210,9 +211,7 @@ def as_bool_mask(name: str, mask: ArrayLike | None, target_shape: Sequence[int])
         return None
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_ and not jnp.issubdtype(mask.dtype, jnp.number):
-        raise ValueError(
-            f"{name} must be bool (True = attend) or numeric (non-zero = attend), got dtype {mask.dtype}"
-        )
+        raise ValueError(f"{name} must be bool (True = attend) or numeric (non-zero = attend), got dtype {mask.dtype}")
     _check_broadcast(name, mask.shape, target_shape)
     return mask if mask.dtype == jnp.bool_ else mask != 0
 
@@ -227,13 +226,9 @@ def check_float_like(name: str, array: jax.Array | None, target_shape: Sequence[
 
 
 def _check_broadcast(name: str, shape: Sequence[int], target_shape: Sequence[int]) -> None:
-    fits = len(shape) <= len(target_shape) and all(
-        s in (1, t) for s, t in zip(reversed(shape), reversed(target_shape))
-    )
+    fits = len(shape) <= len(target_shape) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target_shape)))
     if not fits:
-        raise ValueError(
-            f"{name} has shape {tuple(shape)}, which does not broadcast to {tuple(target_shape)}"
-        )
+        raise ValueError(f"{name} has shape {tuple(shape)}, which does not broadcast to {tuple(target_shape)}")
 
 
 def head_multiplier(head_mask, batch, num_heads, dtype):

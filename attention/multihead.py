@@ -29,11 +29,14 @@ def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: b
     if impl not in IMPLS:
         raise ValueError(f"{owner}impl must be one of {IMPLS}, got {impl!r}")
     if block_sizes is not None and not (
-            isinstance(block_sizes, (tuple, list)) and len(block_sizes) == 2 and all(map(is_positive_int, block_sizes))):
+        isinstance(block_sizes, (tuple, list)) and len(block_sizes) == 2 and all(map(is_positive_int, block_sizes))
+    ):
         raise ValueError(f"{owner}block_sizes = {block_sizes!r}; expected None or (block_q, block_k), positive ints")
     if fused_qkv and geometry.v_head_dim != geometry.head_dim:
-        raise ValueError(f"{owner}v_head_dim = {geometry.v_head_dim}; fused_qkv=True needs v_head_dim None "
-                         f"or head_dim ({geometry.head_dim}): q, k and v share one kernel")
+        raise ValueError(
+            f"{owner}v_head_dim = {geometry.v_head_dim}; fused_qkv=True needs v_head_dim None "
+            f"or head_dim ({geometry.head_dim}): q, k and v share one kernel"
+        )
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"{owner}dropout_rate = {dropout_rate!r}; expected a float in [0, 1)")
     return {} if block_sizes is None else dict(zip(("block_q", "block_k"), block_sizes))
@@ -41,8 +44,10 @@ def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: b
 
 def check_fused_inputs(fused_qkv: bool, is_self: bool) -> None:
     if fused_qkv and not is_self:
-        raise ValueError("fused_qkv=True projects q, k and v from one input; it needs self-attention "
-                         "(inputs_k and inputs_v None or the same array as inputs_q)")
+        raise ValueError(
+            "fused_qkv=True projects q, k and v from one input; it needs self-attention "
+            "(inputs_k and inputs_v None or the same array as inputs_q)"
+        )
 
 
 def check_lengths(lengths, decode: bool) -> None:
@@ -50,8 +55,16 @@ def check_lengths(lengths, decode: bool) -> None:
         raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
 
 
-def exact_heads(query: jax.Array, key: jax.Array, value: jax.Array, *, sow: Callable | None, impl: str,
-                beam_rows: jax.Array | None = None, **options) -> jax.Array:
+def exact_heads(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    *,
+    sow: Callable | None,
+    impl: str,
+    beam_rows: jax.Array | None = None,
+    **options,
+) -> jax.Array:
     """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
 
     `sow(weights)`, when given, receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs
@@ -59,20 +72,40 @@ def exact_heads(query: jax.Array, key: jax.Array, value: jax.Array, *, sow: Call
     with `beams_in_place`) k and v are a beam-search cache read in place (`attention.beams`).
     """
     if beam_rows is not None:
-        return beams.history_attention(query, key, value, beam_rows, options["mask"], dtype=options.get("dtype"),
-                                       precision=options.get("precision"), formulation=options.get("formulation"))
+        return beams.history_attention(
+            query,
+            key,
+            value,
+            beam_rows,
+            options["mask"],
+            dtype=options.get("dtype"),
+            precision=options.get("precision"),
+            formulation=options.get("formulation"),
+        )
     impl = "vmap" if sow is not None and impl == "auto" else impl
     x, weights = attend(query, key, value, impl=impl, **options)
     if sow is not None:
         if weights is None:
-            raise ValueError(f"sow_weights=True needs the attention weights, which impl={impl!r} does not "
-                             "expose; use impl='vmap', 'einsum' or 'auto'")
+            raise ValueError(
+                f"sow_weights=True needs the attention weights, which impl={impl!r} does not "
+                "expose; use impl='vmap', 'einsum' or 'auto'"
+            )
         sow(weights)
     return x
 
 
-def decode_step(state: tuple, key: jax.Array, value: jax.Array, mask: jax.Array | None, *, num_heads: int, lengths=None,
-                formulation, beam_rows: jax.Array | None = None, beams_in_place: bool = False):
+def decode_step(
+    state: tuple,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None,
+    *,
+    num_heads: int,
+    lengths=None,
+    formulation,
+    beam_rows: jax.Array | None = None,
+    beams_in_place: bool = False,
+):
     """One decode call over `state = (cached_key, cached_value, index)` (`attention.cache.step`).
 
     Under beam search (`beam_rows` from the `cache` collection, `attention.beams`) the rows hold the
@@ -80,15 +113,17 @@ def decode_step(state: tuple, key: jax.Array, value: jax.Array, mask: jax.Array 
     gathered into each beam's own keys/values and the table None. -> (`cache.Step`, beam_rows).
     """
     cached_key, cached_value, index = state
-    step = cache.step(cached_key, cached_value, index, key, value, mask, num_heads=num_heads, lengths=lengths,
-                      formulation=formulation)
+    step = cache.step(
+        cached_key, cached_value, index, key, value, mask, num_heads=num_heads, lengths=lengths, formulation=formulation
+    )
     if beam_rows is None:
         return step, None
     beams.check_rows(beam_rows, step.cached_key.shape[:-3], step.cached_key.shape[-2])
     if beams_in_place:
         return step, beam_rows
-    return step._replace(key=beams.gather_history(step.key, beam_rows),
-                         value=beams.gather_history(step.value, beam_rows)), None
+    return step._replace(
+        key=beams.gather_history(step.key, beam_rows), value=beams.gather_history(step.value, beam_rows)
+    ), None
 
 
 CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
@@ -110,8 +145,16 @@ def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None)
     return key, value
 
 
-def member_heads(call: Callable, inputs: tuple, mask: jax.Array | None, *, num_heads: int, batch: tuple,
-                 bool_mask: bool = True, **kwargs) -> jax.Array:
+def member_heads(
+    call: Callable,
+    inputs: tuple,
+    mask: jax.Array | None,
+    *,
+    num_heads: int,
+    batch: tuple,
+    bool_mask: bool = True,
+    **kwargs,
+) -> jax.Array:
     """A family member on `inputs` (`[batch..., L, ...]` each) with the batch axes flattened, as members take them.
 
     The mask becomes bool and `[B|1, H|1, Lq|1, Lk|1]` here (unless `bool_mask` is False: a member
@@ -130,7 +173,13 @@ def member_input_shapes(spec, geometry, batch: tuple, length: int, in_features: 
 
     A member that projects takes the layer's inputs, the others its projected q, k, v.
     """
-    B, H, G, d_k, d_v = math.prod(batch), geometry.num_heads, geometry.num_kv_heads, geometry.head_dim, geometry.v_head_dim
+    B, H, G, d_k, d_v = (
+        math.prod(batch),
+        geometry.num_heads,
+        geometry.num_kv_heads,
+        geometry.head_dim,
+        geometry.v_head_dim,
+    )
     if spec.projects:
         return (B, length, in_features), (B, length, in_kv_features)
     return (B, length, H, d_k), (B, length, G, d_k), (B, length, G, d_v)
@@ -138,43 +187,80 @@ def member_input_shapes(spec, geometry, batch: tuple, length: int, in_features: 
 
 def check_cache_size(batch: tuple, max_length: int) -> None:
     """A ValueError unless a cache's batch sizes and max_length are positive ints."""
-    require("the cache's ", "batch and max_length", (*batch, max_length),
-            all(map(is_positive_int, (*batch, max_length))), "positive ints")
+    require(
+        "the cache's ",
+        "batch and max_length",
+        (*batch, max_length),
+        all(map(is_positive_int, (*batch, max_length))),
+        "positive ints",
+    )
 
 
 CACHE = ("cached_key", "cached_value", "cache_index")  # the names of a layer's decode-cache variables
 
 
-def empty_cache(batch: tuple, max_length: int, num_kv_heads: int, head_dim: int, v_head_dim: int, dtype, *,
-                per_sequence: bool = True) -> tuple:
+def empty_cache(
+    batch: tuple,
+    max_length: int,
+    num_kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    dtype,
+    *,
+    per_sequence: bool = True,
+) -> tuple:
     """Zero `CACHE`: `cached_key [batch..., G, max_length, d_k]`, `cached_value [..., d_v]` and `cache_index`.
 
     The index is one position per sequence, `[batch...]`, or with `per_sequence=False` one for the
     batch, `[]` (Flax's variable); `attention.cache` takes either.
     """
     shape = (*batch, num_kv_heads, max_length)
-    return (jnp.zeros((*shape, head_dim), dtype), jnp.zeros((*shape, v_head_dim), dtype),
-            jnp.zeros(batch if per_sequence else (), jnp.int32))
+    return (
+        jnp.zeros((*shape, head_dim), dtype),
+        jnp.zeros((*shape, v_head_dim), dtype),
+        jnp.zeros(batch if per_sequence else (), jnp.int32),
+    )
 
 
 def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Callable):
     """The `layer.attention_type` member's Linen module, filled from the layer's settings."""
     return family.instantiate(
-        layer.attention_type, options, dtype=layer.dtype, param_dtype=layer.param_dtype, precision=layer.precision,
-        formulation=layer.formulation, impl=layer.impl, decode=decode, kernel_init=kernel_init,
-        use_bias=layer.use_bias, **dataclasses.asdict(geometry))
+        layer.attention_type,
+        options,
+        dtype=layer.dtype,
+        param_dtype=layer.param_dtype,
+        precision=layer.precision,
+        formulation=layer.formulation,
+        impl=layer.impl,
+        decode=decode,
+        kernel_init=kernel_init,
+        use_bias=layer.use_bias,
+        **dataclasses.asdict(geometry),
+    )
 
 
-def family_heads(spec, member: Callable, project: Callable, use_cache: Callable, inputs: tuple,
-                 mask: jax.Array | None, *, num_heads: int, causal: bool, decode: bool, **member_kwargs) -> jax.Array:
+def family_heads(
+    spec,
+    member: Callable,
+    project: Callable,
+    use_cache: Callable,
+    inputs: tuple,
+    mask: jax.Array | None,
+    *,
+    num_heads: int,
+    causal: bool,
+    decode: bool,
+    **member_kwargs,
+) -> jax.Array:
     """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, checked by `check_member_call`).
 
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
     beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
     """
     batch = inputs[0].shape[:-2]
-    run = lambda member_inputs, mask, **extra: member_heads(member, member_inputs, mask, num_heads=num_heads,
-                                                             batch=batch, is_causal=causal, **member_kwargs, **extra)
+    run = lambda member_inputs, mask, **extra: member_heads(
+        member, member_inputs, mask, num_heads=num_heads, batch=batch, is_causal=causal, **member_kwargs, **extra
+    )
     if spec.projects:
         return run(inputs[:2], mask, bool_mask=not decode)
     query, key, value = project(*inputs, shared_qk=spec.shared_qk)
@@ -189,13 +275,23 @@ def family_heads(spec, member: Callable, project: Callable, use_cache: Callable,
     return run((query, key, value), mask, **extra)
 
 
-def check_member_call(owner: str, layer, geometry, *, is_self: bool, values_are_keys: bool, causal: bool,
-                      decode: bool, sow_weights: bool):
+def check_member_call(
+    owner: str, layer, geometry, *, is_self: bool, values_are_keys: bool, causal: bool, decode: bool, sow_weights: bool
+):
     """`family.check_call` with the settings both faces keep under the same names."""
     return family.check_call(
-        owner, layer.attention_type, geometry, is_self=is_self, values_are_keys=values_are_keys, causal=causal,
-        decode=decode, attention_fn=layer.attention_fn, dropout_rate=layer.dropout_rate, sow_weights=sow_weights,
-        fused_qkv=layer.fused_qkv, normalize_qk=layer.normalize_qk,
+        owner,
+        layer.attention_type,
+        geometry,
+        is_self=is_self,
+        values_are_keys=values_are_keys,
+        causal=causal,
+        decode=decode,
+        attention_fn=layer.attention_fn,
+        dropout_rate=layer.dropout_rate,
+        sow_weights=sow_weights,
+        fused_qkv=layer.fused_qkv,
+        normalize_qk=layer.normalize_qk,
     )
 
 

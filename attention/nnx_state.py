@@ -72,7 +72,9 @@ class DecodeState(Settings):
             self.cross_key, self.cross_value = nnx.data(None), nnx.data(None)
         elif spec is not None and spec.decode == "state":  # the member's own state, shaped by its Linen init
             member = getattr(self, self.attention_type)
-            shapes = mh.member_input_shapes(spec, self.geometry, batch, max_length, self.in_features, self.in_kv_features)
+            shapes = mh.member_input_shapes(
+                spec, self.geometry, batch, max_length, self.in_features, self.in_kv_features
+            )
             member.to_nnx__module, state = family.decode_state(member.to_nnx__module, shapes)
             for name, zeros in state.items():
                 setattr(member, name, nnx.Cache(zeros))
@@ -84,29 +86,47 @@ class DecodeState(Settings):
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
         """Allocate the decode cache for inputs `[batch..., max_length, features]` (as Flax's)."""
         if len(input_shape) < 2:
-            raise ValueError(f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}")
+            raise ValueError(
+                f"init_cache: input_shape must be [batch..., max_length, features], got {tuple(input_shape)}"
+            )
         self._allocate(tuple(input_shape[:-2]), input_shape[-2], dtype)
 
-    def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
-                 batch_size: int | tuple[int, ...] | None = None, max_length: int | None = None):
+    def set_view(
+        self,
+        deterministic: bool | None = None,
+        decode: bool | None = None,
+        batch_size: int | tuple[int, ...] | None = None,
+        max_length: int | None = None,
+    ):
         """Used by `nnx.view`: set modes; with `decode=True`, allocate the cache if it is missing or sized here."""
         self.deterministic = self.deterministic if deterministic is None else deterministic
         self.decode = self.decode if decode is None else decode
         if not decode or (self._has_cache() and batch_size is None and max_length is None):
             return
         if batch_size is None or max_length is None:
-            raise ValueError(f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
-                             f"batch_size={batch_size!r}, max_length={max_length!r}")
+            raise ValueError(
+                f"set_view(decode=True) allocates the cache and needs batch_size and max_length, got "
+                f"batch_size={batch_size!r}, max_length={max_length!r}"
+            )
         self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
 
     def _use_cache(self, key, value, mask, lengths):
         """`multihead.decode_step` over the cache attributes -> `cache.Step`."""
         if self.cached_key is None or self.cached_value is None or self.cache_index is None:
-            raise ValueError("decode=True needs the cache: call init_cache(input_shape) or "
-                             "nnx.view(layer, decode=True, batch_size=..., max_length=...) first")
+            raise ValueError(
+                "decode=True needs the cache: call init_cache(input_shape) or "
+                "nnx.view(layer, decode=True, batch_size=..., max_length=...) first"
+            )
         variables = (self.cached_key, self.cached_value, self.cache_index)
-        step, _ = mh.decode_step(tuple(v[...] for v in variables), key, value, mask, num_heads=self.num_heads,
-                                 lengths=lengths, formulation=self.formulation)
+        step, _ = mh.decode_step(
+            tuple(v[...] for v in variables),
+            key,
+            value,
+            mask,
+            num_heads=self.num_heads,
+            lengths=lengths,
+            formulation=self.formulation,
+        )
         for variable, new in zip(variables, step[:3]):
             variable[...] = new
         return step

@@ -64,8 +64,10 @@ def dense_dot_general(matmul: str, dtype, platform: str | None = None) -> Callab
     if matmul not in MATMULS:
         raise ValueError(f"matmul = {matmul!r}; expected one of {MATMULS}")
     if matmul == "row_major" and not is_cpu(platform):
-        logging.info("matmul 'row_major' -> 'xla' for platform %r (the row-major product is an XLA:CPU trick)",
-                     platform or jax.default_backend())
+        logging.info(
+            "matmul 'row_major' -> 'xla' for platform %r (the row-major product is an XLA:CPU trick)",
+            platform or jax.default_backend(),
+        )
         return None
     if matmul == "auto":
         pays = is_cpu(platform) and jnp.dtype(dtype).itemsize == 2

@@ -35,7 +35,9 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 def has_native_bf16(cpuinfo: str) -> bool:
     """Whether a /proc/cpuinfo text lists a bfloat16 dot instruction among its CPU flags."""
-    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
+    flags = {
+        flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()
+    }
     return any(flag in flags for flag in NATIVE_BF16_FLAGS)
 
 
@@ -118,10 +120,11 @@ def row_major_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred
         and precision is None
     )
     if not dense_form:
-        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
+        return lax.dot_general(
+            lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+        )
     dtype = jnp.result_type(lhs, rhs)
-    k = math.prod(lhs.shape[lhs.ndim - n:])
+    k = math.prod(lhs.shape[lhs.ndim - n :])
     if rhs_contract == rhs_leading:  # rhs [K..., N...]
         kernel, free = rhs.reshape(k, -1).astype(dtype), rhs.shape[n:]
     else:  # rhs [N..., K...]

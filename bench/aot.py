@@ -32,30 +32,45 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # read when JAX is imported: the host compiles, no TPU backend is tried
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+from pathlib import Path
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
-from bench.lib import releases  # noqa: E402
-from training.core import errors  # noqa: E402
-from training.run import aot  # noqa: E402
+from bench.lib import releases
+from training.core import errors
+from training.run import aot
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
-flags.DEFINE_string("target", None, "tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e:2x2, tpu:v4:2x2x1, cuda:h100")
+flags.DEFINE_string(
+    "target", None, "tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e:2x2, tpu:v4:2x2x1, cuda:h100"
+)
 flags.DEFINE_string("mesh", "-1,1", "DATA,MODEL shards of the train step's mesh (-1: the rest of the devices)")
 flags.DEFINE_integer("rows", None, "the global training batch's rows (default: the config's, token_budget // length)")
 flags.DEFINE_string("programs", ",".join(aot.PROGRAMS), f"which programs to compile, some of {aot.PROGRAMS}")
 flags.DEFINE_string("json", None, "also write the report here as JSON")
-flags.DEFINE_bool("largest_rows", False, "search the most training rows whose train step fits a device (aot.largest_rows)")
-flags.DEFINE_string("seed_rows", None, "--largest_rows: LO,HI, the two row counts whose memory seeds the search's line, "
-                    "multiples of --granularity (default: half the config's rows and its rows, rounded down)")
+flags.DEFINE_bool(
+    "largest_rows", False, "search the most training rows whose train step fits a device (aot.largest_rows)"
+)
+flags.DEFINE_string(
+    "seed_rows",
+    None,
+    "--largest_rows: LO,HI, the two row counts whose memory seeds the search's line, "
+    "multiples of --granularity (default: half the config's rows and its rows, rounded down)",
+)
 flags.DEFINE_integer("granularity", aot.ROWS_GRANULARITY, "--largest_rows: the rows it steps by")
-flags.DEFINE_bool("without_remat", False, "--largest_rows: a train step XLA rematerialised (recomputes values to make "
-                  "room) does not fit either")
-flags.DEFINE_float("hbm_fraction", 1.0, "--largest_rows: the share of a device's HBM the train step may need (0.75: "
-                   "what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION)")
+flags.DEFINE_bool(
+    "without_remat",
+    False,
+    "--largest_rows: a train step XLA rematerialised (recomputes values to make room) does not fit either",
+)
+flags.DEFINE_float(
+    "hbm_fraction",
+    1.0,
+    "--largest_rows: the share of a device's HBM the train step may need (0.75: "
+    "what a JAX process allocates of a GPU by default, XLA_PYTHON_CLIENT_MEM_FRACTION)",
+)
 flags.mark_flags_as_required(["config", "target"])
 
 MIB = 2**20
@@ -63,21 +78,29 @@ MIB = 2**20
 
 def table(reports: dict) -> str:
     """The report as a Markdown table, one row a program (memory in MiB a device)."""
-    rows = ["memory in MiB a device; needs = argument + output - donated + temp + code; batch: rows x length, "
-            "decode and beam: sources rows x length -> output tokens (the decode step's cache positions)", "",
-            "| program | devices (mesh) | batch | argument | output | temp | code | needs | of HBM | GFLOP / device "
-            "| collectives | fusions | custom calls | lower s | compile s |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    rows = [
+        "memory in MiB a device; needs = argument + output - donated + temp + code; batch: rows x length, "
+        "decode and beam: sources rows x length -> output tokens (the decode step's cache positions)",
+        "",
+        "| program | devices (mesh) | batch | argument | output | temp | code | needs | of HBM | GFLOP / device "
+        "| collectives | fusions | custom calls | lower s | compile s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
     for name, r in reports.items():
         m = {k: v / MIB for k, v in r["memory_bytes"].items()}
         mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items()) or "unsharded"
         found = ", ".join(f"{op} {n}" for op, n in r["collectives"].items() if n) or "none"
         flops = "n/a" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}"
-        batch = f"{r['batch'][0]} x {r['batch'][1]}" + (f" -> {r['max_len']}" if "max_len" in r else "") \
+        batch = (
+            f"{r['batch'][0]} x {r['batch'][1]}"
+            + (f" -> {r['max_len']}" if "max_len" in r else "")
             + (f", beam {r['beam_size']}" if "beam_size" in r else "")
-        rows.append(f"| {name} | {r['devices']} ({mesh}) | {batch} | {m['argument']:,.1f} "
-                    f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} | {100 * r['hbm_share']:.1f} % "
-                    f"| {flops} | {found} | {r['fusions']} | {r['custom_calls']} | {r['lower_s']:.1f} | {r['compile_s']:.1f} |")
+        )
+        rows.append(
+            f"| {name} | {r['devices']} ({mesh}) | {batch} | {m['argument']:,.1f} "
+            f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} | {100 * r['hbm_share']:.1f} % "
+            f"| {flops} | {found} | {r['fusions']} | {r['custom_calls']} | {r['lower_s']:.1f} | {r['compile_s']:.1f} |"
+        )
     return "\n".join(rows)
 
 
@@ -93,10 +116,16 @@ def searched(result: dict) -> str:
     lines += ["", "rematerialized: instructions XLA cloned to recompute a value instead of holding it (aot.hlo_counts)"]
     if result["line"] is not None:
         a, b = result["line"]
-        lines += ["", f"line through the seeds: needs = {a / gib:.3f} GiB + {b / 2**20:.2f} MiB x rows; "
-                      f"predicts {result['predicted']} rows (multiples of {result['granularity']})"]
-    answer = (f"largest rows: {result['rows']} ({result['needed_bytes'] / gib:.2f} GiB of {result['hbm_bytes'] / gib:.4g})"
-              if result["rows"] else f"largest rows: none ({result['granularity']} rows do not fit)")
+        lines += [
+            "",
+            f"line through the seeds: needs = {a / gib:.3f} GiB + {b / 2**20:.2f} MiB x rows; "
+            f"predicts {result['predicted']} rows (multiples of {result['granularity']})",
+        ]
+    answer = (
+        f"largest rows: {result['rows']} ({result['needed_bytes'] / gib:.2f} GiB of {result['hbm_bytes'] / gib:.4g})"
+        if result["rows"]
+        else f"largest rows: none ({result['granularity']} rows do not fit)"
+    )
     return "\n".join([*lines, "", f"{answer}; {len(result['compiles'])} compiles"])
 
 
@@ -106,24 +135,45 @@ def _largest_rows(config, target, data: int, model: int) -> dict:
         try:
             lo, hi = (int(x) for x in flags.FLAGS.seed_rows.split(","))
         except ValueError:
-            raise ValueError(f"--seed_rows = {flags.FLAGS.seed_rows!r}; expected LO,HI as two ints, e.g. 64,96") from None
+            raise ValueError(
+                f"--seed_rows = {flags.FLAGS.seed_rows!r}; expected LO,HI as two ints, e.g. 64,96"
+            ) from None
     else:
         rows, _ = aot.train_shape(config)
         hi = max(2 * granularity, rows // granularity * granularity)
         lo = max(granularity, hi // 2 // granularity * granularity)
     fraction = flags.FLAGS.hbm_fraction
-    share = f"{fraction:g} x {target.chip.hbm_gib:g} = {fraction * target.chip.hbm_gib:.1f}" if fraction != 1 else f"{target.chip.hbm_gib:g}"
+    share = (
+        f"{fraction:g} x {target.chip.hbm_gib:g} = {fraction * target.chip.hbm_gib:.1f}"
+        if fraction != 1
+        else f"{target.chip.hbm_gib:g}"
+    )
     remat = ", XLA rematerialising nothing" if flags.FLAGS.without_remat else ""
-    print(f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB{remat} (XLA refusing it: does not fit)",
-          flush=True)
+    print(
+        f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB{remat} (XLA refusing it: does not fit)",
+        flush=True,
+    )
 
     def show(entry):
         needs = "refused" if entry["needed_bytes"] is None else f"{entry['needed_bytes'] / 2**30:.2f} GiB"
-        print(f"  {entry['stage']} rows {entry['rows']}: needs {needs}, {'fits' if entry['fits'] else 'does not fit'}"
-              + (f" ({entry['why']})" if entry["why"] else ""), flush=True)
+        print(
+            f"  {entry['stage']} rows {entry['rows']}: needs {needs}, {'fits' if entry['fits'] else 'does not fit'}"
+            + (f" ({entry['why']})" if entry["why"] else ""),
+            flush=True,
+        )
 
-    return aot.largest_rows(config, target, lo, hi, granularity, data, model, on_compile=show, hbm_fraction=fraction,
-                            without_remat=flags.FLAGS.without_remat)
+    return aot.largest_rows(
+        config,
+        target,
+        lo,
+        hi,
+        granularity,
+        data,
+        model,
+        on_compile=show,
+        hbm_fraction=fraction,
+        without_remat=flags.FLAGS.without_remat,
+    )
 
 
 def main(argv):
@@ -133,8 +183,10 @@ def main(argv):
     programs = tuple(p for p in flags.FLAGS.programs.split(",") if p)
     config = flags.FLAGS.config
     compiler = "libtpu" if target.chip.platform == "tpu" else "jax-cuda13-plugin"
-    header = (f"{target.name}: {target.num_devices} device(s), {target.chip.hbm_gib:g} GiB HBM each "
-              f"({aot.HBM_SOURCES[target.chip.platform]}); compiled on this CPU, {compiler} {_version(compiler)}{releases()}")
+    header = (
+        f"{target.name}: {target.num_devices} device(s), {target.chip.hbm_gib:g} GiB HBM each "
+        f"({aot.HBM_SOURCES[target.chip.platform]}); compiled on this CPU, {compiler} {_version(compiler)}{releases()}"
+    )
     print(header, flush=True)
     if flags.FLAGS.largest_rows:
         if flags.FLAGS.rows is not None:
@@ -154,7 +206,7 @@ def main(argv):
 
 
 def _version(distribution: str) -> str:
-    from importlib import metadata  # noqa: PLC0415
+    from importlib import metadata
 
     try:
         return metadata.version(distribution)

@@ -40,8 +40,11 @@ B, H, D = 1, 8, 64
 
 def timed_members(causal: bool = False) -> list[str]:
     """The family members whose attention core is timed here (not the projecting ones, such as MLA)."""
-    return [name for name, spec in family.ATTENTION_TYPES.items()
-            if spec is not None and not spec.projects and (spec.causal or not causal)]
+    return [
+        name
+        for name, spec in family.ATTENTION_TYPES.items()
+        if spec is not None and not spec.projects and (spec.causal or not causal)
+    ]
 
 
 def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
@@ -53,19 +56,26 @@ def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
     entmax's α = 1.5 made XLA fold its `pow` into a square, a shortcut a learned α never gets.
     """
     out = {
-        "xla": (lambda q, k, v, _: jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, implementation="xla"), {}),
-        "blockwise": (lambda q, k, v, _: attention.dot_product_attention(
-            q, k, v, is_causal=causal, impl="blockwise"), {}),
+        "xla": (lambda q, k, v, _: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"), {}),
+        "blockwise": (
+            lambda q, k, v, _: attention.dot_product_attention(q, k, v, is_causal=causal, impl="blockwise"),
+            {},
+        ),
     }
     if window is not None:
-        out[f"window ±{window} (blockwise)"] = (lambda q, k, v, _: attention.dot_product_attention(
-            q, k, v, is_causal=causal, impl="blockwise", local_window_size=(window, window)), {})
+        out[f"window ±{window} (blockwise)"] = (
+            lambda q, k, v, _: attention.dot_product_attention(
+                q, k, v, is_causal=causal, impl="blockwise", local_window_size=(window, window)
+            ),
+            {},
+        )
     if importlib.util.find_spec("tokamax") is not None:
         import tokamax
 
-        out["tokamax xla_chunked"] = (lambda q, k, v, _: tokamax.dot_product_attention(
-            q, k, v, is_causal=causal, implementation="xla_chunked"), {})
+        out["tokamax xla_chunked"] = (
+            lambda q, k, v, _: tokamax.dot_product_attention(q, k, v, is_causal=causal, implementation="xla_chunked"),
+            {},
+        )
     for name in timed_members(causal):
         if members is not None and name not in members:
             continue
@@ -75,8 +85,12 @@ def formulations(N: int, causal: bool, q, k, v, members=None, window=None):
         # [H, N, N] logits at N = 16384 (8 GiB each) and the process was killed for memory
         params = jax.jit(module.init, static_argnames="is_causal")(jax.random.key(0), q, k, v, is_causal=causal)
         key_of = (lambda q, k: q) if spec.shared_qk else (lambda q, k: k)
-        out[name] = ((lambda module, key_of: lambda q, k, v, params: module.apply(
-            params, q, key_of(q, k), v, is_causal=causal))(module, key_of), params)
+        out[name] = (
+            (lambda module, key_of: lambda q, k, v, params: module.apply(params, q, key_of(q, k), v, is_causal=causal))(
+                module, key_of
+            ),
+            params,
+        )
     grads = lambda f: jax.jit(jax.grad(lambda q, k, v, p: jnp.sum(f(q, k, v, p) ** 2), argnums=(0, 1, 2)))
     return {name: (grads(f), params) for name, (f, params) in out.items()}
 
@@ -98,7 +112,9 @@ def run(lengths, reps, clock, max_gib, members=None, window=None):
         for causal in (False, True):
             steps = formulations(N, causal, q, k, v, members, window)
             memory = {name: planned_gib(step, params, q, k, v) for name, (step, params) in steps.items()}
-            runnable = {name: spec for name, spec in steps.items() if not memory[name] > max_gib}  # NaN: no plan, run it
+            runnable = {
+                name: spec for name, spec in steps.items() if not memory[name] > max_gib
+            }  # NaN: no plan, run it
             times = {name: [] for name in runnable}
             for name, (step, params) in runnable.items():  # warm-up (compile)
                 jax.block_until_ready(step(q, k, v, params))
@@ -111,8 +127,11 @@ def run(lengths, reps, clock, max_gib, members=None, window=None):
             ratio = lambda name, to: f"{ms[name] / ms[to]:.2f}" if name in ms and to in ms else ""
             for name in steps:
                 timed = f"{ms[name]:.0f}" if name in ms else f"not run: plans > {max_gib:g} GiB"
-                print(f"| {N} | {causal} | {name} | {timed} | {ratio(name, 'xla')} | {ratio(name, 'blockwise')} | "
-                      f"{memory[name]:.3f} | {memory[name] / memory['xla']:.2f} |", flush=True)
+                print(
+                    f"| {N} | {causal} | {name} | {timed} | {ratio(name, 'xla')} | {ratio(name, 'blockwise')} | "
+                    f"{memory[name]:.3f} | {memory[name] / memory['xla']:.2f} |",
+                    flush=True,
+                )
 
 
 def main():
@@ -120,7 +139,9 @@ def main():
     parser.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096, 16384])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
-    parser.add_argument("--max_gib", type=float, default=8.0, help="run only formulations XLA plans at most this much memory for")
+    parser.add_argument(
+        "--max_gib", type=float, default=8.0, help="run only formulations XLA plans at most this much memory for"
+    )
     parser.add_argument("--members", nargs="*", default=None, help="family members to time (default: all)")
     parser.add_argument("--window", type=int, default=None, help="also time a sliding window of ± this many keys")
     args = parser.parse_args()
@@ -130,8 +151,10 @@ def main():
     if args.window is not None and args.window < 0:
         parser.error(f"--window must be >= 0, got {args.window}")
     print(cpu_description())  # the CPU, the releases and the lock
-    print(f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
-          f"median of {args.reps} alternating rounds ({args.clock} clock)\n")
+    print(
+        f"JAX {jax.__version__}, backend {jax.default_backend()}, [B, N, H, d] = [{B}, N, {H}, {D}], float32, "
+        f"median of {args.reps} alternating rounds ({args.clock} clock)\n"
+    )
     run(args.lengths, args.reps, args.clock, args.max_gib, args.members, args.window)
 
 

@@ -67,8 +67,10 @@ def head_loop(q, k, v, causal):
     group = q.shape[-2] // k.shape[-2]
     heads = [
         attention.dot_product_attention(
-            q[..., h : h + 1, :], k[..., h // group : h // group + 1, :],
-            v[..., h // group : h // group + 1, :], is_causal=causal,
+            q[..., h : h + 1, :],
+            k[..., h // group : h // group + 1, :],
+            v[..., h // group : h // group + 1, :],
+            is_causal=causal,
         )
         for h in range(q.shape[-2])
     ]
@@ -98,8 +100,18 @@ def torch_timings(torch_python, shape, causal, reps, dtype, clock):
     """torch SDPA at this shape, timed by bench.torch_sdpa under `torch_python` (same core)."""
     if torch_python is None:
         return None
-    command = [torch_python, "-m", "bench.torch_sdpa", ",".join(map(str, shape)),
-               "--reps", str(reps), "--dtype", str(dtype), "--clock", clock] + ["--causal"] * causal
+    command = [
+        torch_python,
+        "-m",
+        "bench.torch_sdpa",
+        ",".join(map(str, shape)),
+        "--reps",
+        str(reps),
+        "--dtype",
+        str(dtype),
+        "--clock",
+        clock,
+    ] + ["--causal"] * causal
     result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
     return result["forward_ms"], result["forward_backward_ms"]
 
@@ -112,13 +124,17 @@ def torch_version(torch_python):
 
 
 def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
-    print("| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch | fwd+bwd vs torch |")
+    print(
+        "| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch | fwd+bwd vs torch |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for shape in shapes:
         q, k, v, cotangent = inputs(shape, dtype)
         for causal in (False, True):
             if "auto" not in names:
-                print(f"| {', '.join(map(str, shape))} | {causal} | impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |")
+                print(
+                    f"| {', '.join(map(str, shape))} | {causal} | impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |"
+                )
             torch_ms = torch_timings(torch_python, shape, causal, reps, dtype, clock)
             rows = [("reference", None)] + [(n, None) for n in names] + [("blockwise", b) for b in blocks_list]
             ref = None
@@ -126,7 +142,9 @@ def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
                 times = jax_timings(formulation(name, causal, blocks), (q, k, v), cotangent, reps, clock)
                 ref = ref or times
                 label = label_of(name, blocks, shape, causal, dtype)
-                vs_torch = ("n/a", "n/a") if torch_ms is None else tuple(f"{t / r:.2f}" for t, r in zip(times, torch_ms))
+                vs_torch = (
+                    ("n/a", "n/a") if torch_ms is None else tuple(f"{t / r:.2f}" for t, r in zip(times, torch_ms))
+                )
                 print(
                     f"| {', '.join(map(str, shape))} | {causal} | {label} | {times[0]:.1f} | {times[0] / ref[0]:.2f} "
                     f"| {times[1]:.1f} | {times[1] / ref[1]:.2f} | {vs_torch[0]} | {vs_torch[1]} |",
@@ -178,7 +196,9 @@ def compiled_memory_table(lengths, names, dtype):
         for causal in (False, True):
             for name in ["reference", *names]:
                 fn = formulation(name, causal)
-                loss = lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v).astype(jnp.float32) * jnp.ones(cotangent.shape, jnp.float32))
+                loss = lambda q, k, v, fn=fn: jnp.sum(
+                    fn(q, k, v).astype(jnp.float32) * jnp.ones(cotangent.shape, jnp.float32)
+                )
                 stats = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile().memory_analysis()
                 if stats is None:  # a backend without XLA's memory plan
                     print(f"| {name} | {N} | {causal} | no memory_analysis() on this backend | | |", flush=True)
@@ -186,8 +206,11 @@ def compiled_memory_table(lengths, names, dtype):
                 io = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
                 label = "jax.nn xla (reference)" if name == "reference" else f"headcount {name}"
                 gib = lambda b: b / 2**30
-                print(f"| {label} | {N} | {causal} | {gib(io):.3f} | {gib(stats.temp_size_in_bytes):.3f} "
-                      f"| {gib(io + stats.temp_size_in_bytes):.3f} |", flush=True)
+                print(
+                    f"| {label} | {N} | {causal} | {gib(io):.3f} | {gib(stats.temp_size_in_bytes):.3f} "
+                    f"| {gib(io + stats.temp_size_in_bytes):.3f} |",
+                    flush=True,
+                )
 
 
 def memory_table(lengths, names, dtype):
@@ -197,11 +220,22 @@ def memory_table(lengths, names, dtype):
         for causal in (False, True):
             for name in ["reference", *names]:
                 label = "jax.nn xla (reference)" if name == "reference" else f"headcount {name}"
-                dense = name in DENSE or (name == "auto" and auto_choice((1, N, 8, 64, 8), causal, dtype) != "blockwise")
+                dense = name in DENSE or (
+                    name == "auto" and auto_choice((1, N, 8, 64, 8), causal, dtype) != "blockwise"
+                )
                 if dense and N > MAX_DENSE_MEMORY_N:
                     print(f"| {label} | {N} | {causal} | not run (dense: O(N²) memory) | | |", flush=True)
                     continue
-                command = [sys.executable, "-m", "bench.attention_speed", "--memory-point", name, str(N), str(causal), dtype]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "bench.attention_speed",
+                    "--memory-point",
+                    name,
+                    str(N),
+                    str(causal),
+                    dtype,
+                ]
                 result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
                 usage = json.loads(result.stdout.strip().splitlines()[-1])
                 gib = lambda b: b / 2**30
@@ -215,15 +249,26 @@ def memory_table(lengths, names, dtype):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", help="B,N,H,Dk,G tuples (default: the README's)")
-    parser.add_argument("--impls", nargs="*", default=list(DEFAULT_IMPLS), help=f"formulations besides the reference: {IMPLS} and 'loop'")
-    parser.add_argument("--blocks", nargs="*", default=[], help="extra blockwise rows with these block sizes, e.g. 256x256")
+    parser.add_argument(
+        "--impls",
+        nargs="*",
+        default=list(DEFAULT_IMPLS),
+        help=f"formulations besides the reference: {IMPLS} and 'loop'",
+    )
+    parser.add_argument(
+        "--blocks", nargs="*", default=[], help="extra blockwise rows with these block sizes, e.g. 256x256"
+    )
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per point (median)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
-    parser.add_argument("--torch-python", help="a Python with torch for the torch SDPA column (default: this one, if it has torch)")
+    parser.add_argument(
+        "--torch-python", help="a Python with torch for the torch SDPA column (default: this one, if it has torch)"
+    )
     parser.add_argument("--memory", nargs="*", type=int, help="peak-memory table at these N instead of the speed table")
     parser.add_argument("--memory-point", nargs=4, help=argparse.SUPPRESS)
-    parser.add_argument("--compiled-memory", nargs="*", type=int, help="XLA's planned forward+backward memory at these N (compile only)")
+    parser.add_argument(
+        "--compiled-memory", nargs="*", type=int, help="XLA's planned forward+backward memory at these N (compile only)"
+    )
     args = parser.parse_args()
     if args.memory_point:
         name, N, causal, dtype = args.memory_point

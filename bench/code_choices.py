@@ -80,21 +80,26 @@ def main():
     print(cpu_description())
     print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}")
     verdict = precision.measure("auto")  # what model.dtype "auto" decides here, by its start-up check
-    print(f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
-          f"-> {verdict['dtype']} (bfloat16 must be {precision.MIN_SPEEDUP}x faster)", flush=True)
+    print(
+        f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
+        f"-> {verdict['dtype']} (bfloat16 must be {precision.MIN_SPEEDUP}x faster)",
+        flush=True,
+    )
     sides = {}
     if "train" in args.workloads:
         src, tgt = vocab.encode(list(train.src)), vocab.encode(list(train.tgt))
         for dtype in args.dtypes:
             for label, fields in TRAIN_VARIANTS.items():
-                sides["train", dtype, label] = Ours(our_config("small", dtype, {}), vocab, src, tgt, args.reps,
-                                                    flipped(fields, dtype))
+                sides["train", dtype, label] = Ours(
+                    our_config("small", dtype, {}), vocab, src, tgt, args.reps, flipped(fields, dtype)
+                )
     if "decode" in args.workloads:
         sources = vocab.encode(list(load_corpus(config, "test_2016_flickr").src[:60]))
         for dtype in args.dtypes:
             for label, (fields, options) in DECODE_VARIANTS.items():
-                sides["decode", dtype, label] = OursDecode(dtype, vocab, sources, 20, 63, beam=4,
-                                                           model_overrides=flipped(fields, dtype), **options)
+                sides["decode", dtype, label] = OursDecode(
+                    dtype, vocab, sources, 20, 63, beam=4, model_overrides=flipped(fields, dtype), **options
+                )
 
     def measure(key):
         side = sides[key]
@@ -105,24 +110,33 @@ def main():
     print("\n| round | workload | dtype | variant | speed | variant / as chosen |")
     print("|---:|---|---|---|---:|---:|")
     speeds = {key: [] for key in sides}  # per round, in `order`'s keys
-    ratio = lambda key, r: speeds[key][r] / speeds[(*key[:2], "as chosen")][r]  # noqa: E731
+    ratio = lambda key, r: speeds[key][r] / speeds[(*key[:2], "as chosen")][r]
     order = list(sides)
     for r in range(args.rounds):
         for key in order if r % 2 == 0 else order[::-1]:
             speeds[key].append(measure(key))
         for key in order:
             unit = "useful tok/s" if key[0] == "train" else "batches/s"
-            print(f"| {r + 1} | {key[0]} | {key[1]} | {key[2]} | {speeds[key][r]:,.2f} {unit} | {ratio(key, r):.3f} |", flush=True)
+            print(
+                f"| {r + 1} | {key[0]} | {key[1]} | {key[2]} | {speeds[key][r]:,.2f} {unit} | {ratio(key, r):.3f} |",
+                flush=True,
+            )
     print("\n| workload | dtype | variant | variant / as chosen, median (each round) |")
     print("|---|---|---|---:|")
     for key in order:
         if key[2] != "as chosen":
             each = [ratio(key, r) for r in range(args.rounds)]
-            print(f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)}) |")
+            print(
+                f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)}) |"
+            )
     if {"float32", "bfloat16"} <= set(args.dtypes) and "train" in args.workloads:  # the check's verdict, end to end
-        each = [b / f for f, b in zip(speeds["train", "float32", "as chosen"], speeds["train", "bfloat16", "as chosen"])]
-        print(f"\ntrain step as chosen, bfloat16 / float32 useful tok/s: **{statistics.median(each):.3f}** "
-              f"({', '.join(f'{x:.3f}' for x in each)}); 'auto' picked {verdict['dtype']}")
+        each = [
+            b / f for f, b in zip(speeds["train", "float32", "as chosen"], speeds["train", "bfloat16", "as chosen"])
+        ]
+        print(
+            f"\ntrain step as chosen, bfloat16 / float32 useful tok/s: **{statistics.median(each):.3f}** "
+            f"({', '.join(f'{x:.3f}' for x in each)}); 'auto' picked {verdict['dtype']}"
+        )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ from training.run import loop
 COMPILING = re.compile(r"^Compiling (\S+) with global shapes")
 
 
-def count(packed: bool, steps: int, train_limit: int = 0, vocab_size: int | None = None) -> tuple[str, float, list[str]]:
+def count(
+    packed: bool, steps: int, train_limit: int = 0, vocab_size: int | None = None
+) -> tuple[str, float, list[str]]:
     """(the run's "compilation in this invocation" line, wall seconds, the programs by name) of one cold run."""
     config = tiny_preset(packed, steps, train_limit, vocab_size)
     lines = LogLines()
@@ -54,14 +56,21 @@ def count(packed: bool, steps: int, train_limit: int = 0, vocab_size: int | None
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--packed", action="store_true", help="the preset's packed variant (new sweeps)")
-    parser.add_argument("--steps", type=int, default=0, help="training steps (0: 40 packed, one shape; 200 with buckets, to draw them all)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="training steps (0: 40 packed, one shape; 200 with buckets, to draw them all)",
+    )
     parser.add_argument("--train_limit", type=int, default=0, help="the first N training pairs (0: all, as the preset)")
     parser.add_argument("--vocab_size", type=int, default=0, help="SentencePiece pieces (0: the preset's own)")
     args = parser.parse_args(argv)
     steps = args.steps or (40 if args.packed else 200)
     line, wall, programs = count(args.packed, steps, args.train_limit, args.vocab_size or None)
     print(f"{'packed' if args.packed else 'buckets'}: {line}; run wall {wall:.1f}s")
-    print("programs: " + ", ".join(f"{name} x{n}" if n > 1 else name for name, n in collections.Counter(programs).items()))
+    print(
+        "programs: " + ", ".join(f"{name} x{n}" if n > 1 else name for name, n in collections.Counter(programs).items())
+    )
 
 
 if __name__ == "__main__":

@@ -76,19 +76,43 @@ def main():
     parser.add_argument("--family", action="store_true", help="add the attention family's decoding members")
     args = parser.parse_args()
     print(cpu_description())  # the CPU, the releases and the lock
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
-          f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n")
-    print("| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied | copied / donated |")
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
+        f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n"
+    )
+    print(
+        "| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied | copied / donated |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    layers = [("flax MultiHeadDotProductAttention (reference)", HEADS, nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True))]
+    layers = [
+        (
+            "flax MultiHeadDotProductAttention (reference)",
+            HEADS,
+            nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True),
+        )
+    ]
     for name, kv_heads in (("MHA", HEADS), ("GQA", 2), ("MQA", 1)):
-        layers.append((f"headcount {name}", kv_heads, attention.MultiHeadAttention(num_heads=HEADS, num_kv_heads=kv_heads, decode=True,
-                                                                                       formulation=FORMULATION)))
+        layers.append(
+            (
+                f"headcount {name}",
+                kv_heads,
+                attention.MultiHeadAttention(
+                    num_heads=HEADS, num_kv_heads=kv_heads, decode=True, formulation=FORMULATION
+                ),
+            )
+        )
     if args.family:
         for name, spec in family.ATTENTION_TYPES.items():
             if spec is not None and spec.decode is not None:
-                layers.append((f"headcount {name}", HEADS, attention.MultiHeadAttention(num_heads=HEADS, decode=True, attention_type=name,
-                                                                                    formulation=FORMULATION)))
+                layers.append(
+                    (
+                        f"headcount {name}",
+                        HEADS,
+                        attention.MultiHeadAttention(
+                            num_heads=HEADS, decode=True, attention_type=name, formulation=FORMULATION
+                        ),
+                    )
+                )
     for length in args.lengths:
         reference = None
         for name, kv_heads, layer in layers:

@@ -35,7 +35,7 @@ ABLATIONS = {  # name: the `models.beam_search` switch that takes the piece out
 
 def build_pair(args, vocab, src_ids) -> tuple[OursDecode, OursDecode]:
     """(the decoder as it is, the ablated one), each compiled for every batch shape."""
-    build = lambda **options: OursDecode(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4, **options)  # noqa: E731
+    build = lambda **options: OursDecode(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4, **options)
     return build(), build(**{ABLATIONS[args.ablate]: False})
 
 
@@ -56,8 +56,10 @@ def main():
     intact, ablated = build_pair(args, vocab, src_ids)
 
     print(cpu_description())
-    print(f"jax {jax.__version__}, {jax.default_backend()}, {args.dtype}, clock {args.clock}; batch {args.batch}, "
-          f"beam 4, {args.steps} steps, {len(intact.batches)} batches a side a round; ablated: {args.ablate}\n")
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}, {args.dtype}, clock {args.clock}; batch {args.batch}, "
+        f"beam 4, {args.steps} steps, {len(intact.batches)} batches a side a round; ablated: {args.ablate}\n"
+    )
     print("| round | s a batch, as it is | s a batch, ablated | ablated / as it is |")
     print("|---:|---:|---:|---:|")
     ratios = []

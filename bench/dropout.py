@@ -25,8 +25,10 @@ RATE = 0.1
 
 def step(layer):
     """Jitted (x, key) -> d sum(layer(x) * x) / dx: the mask drawn, applied and back-propagated."""
+
     def loss(x, key):
         return jnp.sum(layer.apply({}, x, rngs={"dropout": key}).astype(jnp.float32) * x.astype(jnp.float32))
+
     return jax.jit(jax.grad(loss))
 
 
@@ -38,11 +40,15 @@ def main():
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
     args = parser.parse_args()
     now = CLOCKS[args.clock]
-    sides = {"flax nn.Dropout": step(nn.Dropout(RATE, deterministic=False)),
-             "models.Dropout": step(Dropout(RATE, deterministic=False))}
+    sides = {
+        "flax nn.Dropout": step(nn.Dropout(RATE, deterministic=False)),
+        "models.Dropout": step(Dropout(RATE, deterministic=False)),
+    }
     print(cpu_description())  # the CPU, the releases and the lock
-    print(f"JAX {jax.__version__}, backend {jax.default_backend()}, rate {RATE}, median of {args.rounds} alternating "
-          f"rounds of {args.calls} calls ({args.clock} clock)\n")
+    print(
+        f"JAX {jax.__version__}, backend {jax.default_backend()}, rate {RATE}, median of {args.rounds} alternating "
+        f"rounds of {args.calls} calls ({args.clock} clock)\n"
+    )
     print("| size | shape | dtype | flax ms | ours ms | × flax |")
     print("|---|---|---|---:|---:|---:|")
     for size, (model, rows, length, _) in SIZES.items():
@@ -54,15 +60,17 @@ def main():
             for f in sides.values():
                 jax.block_until_ready(f(x, keys[0]))
             for r in range(args.rounds):
-                for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
                     start = now()
                     for key in keys:
                         out = sides[name](x, key)
                     jax.block_until_ready(out)
                     times[name].append((now() - start) * 1e3 / args.calls)
             flax_ms, ours_ms = (statistics.median(times[name]) for name in sides)
-            print(f"| {size} | {shape[0]} x {shape[1]} | {dtype} | {flax_ms:.2f} | {ours_ms:.2f} | {ours_ms / flax_ms:.2f} |",
-                  flush=True)
+            print(
+                f"| {size} | {shape[0]} x {shape[1]} | {dtype} | {flax_ms:.2f} | {ours_ms:.2f} | {ours_ms / flax_ms:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

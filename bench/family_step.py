@@ -35,8 +35,13 @@ def buckets_timed(config, vocab, min_share: float) -> list[tuple[Batch, int, int
     """[(first batch, batches an epoch, target tokens an epoch)] of each bucket with >= min_share of the batches."""
     train = load_corpus(config, config.data.train_split)
     src_ids, tgt_ids = vocab.encode(list(train.src)), vocab.encode(list(train.tgt))
-    schedule = BatchSchedule(src_ids, tgt_ids, token_budget=config.data.token_budget,
-                             bucket_lengths=config.data.bucket_lengths, seed=config.seed)
+    schedule = BatchSchedule(
+        src_ids,
+        tgt_ids,
+        token_budget=config.data.token_budget,
+        bucket_lengths=config.data.bucket_lengths,
+        seed=config.seed,
+    )
     timed = []
     for length, rows, ids in schedule.buckets:
         batches = -(-len(ids) // rows)
@@ -61,7 +66,9 @@ def main():
     parser.add_argument("--members", nargs="+", default=list(ablation_family.SWEEP_VALUES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=5, help="timed steps a batch, after 2 warm-up steps")
-    parser.add_argument("--min_share", type=float, default=0.02, help="time the buckets with at least this share of an epoch's batches")
+    parser.add_argument(
+        "--min_share", type=float, default=0.02, help="time the buckets with at least this share of an epoch's batches"
+    )
     args = parser.parse_args()
     unknown = sorted(set(args.members) - set(ablation_family.OPTIONS))
     if unknown or "softmax" not in args.members:
@@ -73,10 +80,12 @@ def main():
     tokens = sum(t for _, _, t in timed)
     model = configs["softmax"].model
     print(f"{cpu_description()}; {git_commit()}")
-    print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; dtype {model.dtype}, matmul {model.matmul}; "
-          f"buckets timed (length x rows: batches an epoch) "
-          + ", ".join(f"{b.src.shape[1]} x {b.src.shape[0]}: {n}" for b, n, _ in timed)
-          + f"; median of {args.reps} steps a batch\n")
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}, wall clock; dtype {model.dtype}, matmul {model.matmul}; "
+        f"buckets timed (length x rows: batches an epoch) "
+        + ", ".join(f"{b.src.shape[1]} x {b.src.shape[0]}: {n}" for b, n, _ in timed)
+        + f"; median of {args.reps} steps a batch\n"
+    )
 
     batches = [as_arrays(b) for b, _, _ in timed]
     counts = np.array([n for _, n, _ in timed])
@@ -88,12 +97,16 @@ def main():
         order = [args.members[(i + r) % len(args.members)] for i in range(len(args.members))]
         for m in order:
             state, step = steps[m]
-            seconds = [median_seconds(lambda s, b=b: step(s, b, jax.random.key(1))[1]["loss"], (state,), args.reps)
-                       for b in batches]
+            seconds = [
+                median_seconds(lambda s, b=b: step(s, b, jax.random.key(1))[1]["loss"], (state,), args.reps)
+                for b in batches
+            ]
             rates[m].append(tokens / float(counts @ np.array(seconds)))
         for m in args.members:
-            print(f"| {r} | {m} | {tokens / rates[m][-1]:.1f} | {rates[m][-1]:,.0f} | {rates[m][-1] / rates['softmax'][-1]:.2f}x |",
-                  flush=True)
+            print(
+                f"| {r} | {m} | {tokens / rates[m][-1]:.1f} | {rates[m][-1]:,.0f} | {rates[m][-1] / rates['softmax'][-1]:.2f}x |",
+                flush=True,
+            )
     print("\n| attention_type | target tokens/s (median) | vs softmax (median of rounds) |")
     print("|---|---:|---:|")
     for m in args.members:

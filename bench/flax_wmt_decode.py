@@ -57,7 +57,9 @@ def main():
     p.add_argument("--toy", action="store_true", help="a toy model instead of the small one (a dry run)")
     args = p.parse_args()
 
-    (train, models, decode, default), stubbed = import_flax_example(args.wmt_dir, ("train", "models", "decode", "configs.default"))
+    (train, models, decode, default), stubbed = import_flax_example(
+        args.wmt_dir, ("train", "models", "decode", "configs.default")
+    )
 
     import jax
     import jax.numpy as jnp
@@ -78,13 +80,23 @@ def main():
 
     # --- as train_and_evaluate builds them ---
     train_config = models.TransformerConfig(
-        vocab_size=VOCAB, output_vocab_size=VOCAB, share_embeddings=cfg.share_embeddings,
-        logits_via_embedding=cfg.logits_via_embedding, dtype=dtype, emb_dim=cfg.emb_dim,
-        num_heads=cfg.num_heads, num_layers=cfg.num_layers, qkv_dim=cfg.qkv_dim, mlp_dim=cfg.mlp_dim,
+        vocab_size=VOCAB,
+        output_vocab_size=VOCAB,
+        share_embeddings=cfg.share_embeddings,
+        logits_via_embedding=cfg.logits_via_embedding,
+        dtype=dtype,
+        emb_dim=cfg.emb_dim,
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        qkv_dim=cfg.qkv_dim,
+        mlp_dim=cfg.mlp_dim,
         max_len=max(cfg.max_target_length, cfg.max_eval_target_length),
-        dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
-        deterministic=False, decode=False,
-        kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.normal(stddev=1e-6),
+        dropout_rate=cfg.dropout_rate,
+        attention_dropout_rate=cfg.attention_dropout_rate,
+        deterministic=False,
+        decode=False,
+        kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(stddev=1e-6),
     )
     eval_config = train_config.replace(deterministic=True)
     predict_config = train_config.replace(deterministic=True, decode=True)
@@ -97,10 +109,13 @@ def main():
 
     p_init_cache = jax.pmap(
         functools.partial(train.initialize_cache, max_decode_len=cfg.max_predict_length, config=predict_config),
-        axis_name="batch")
+        axis_name="batch",
+    )
     p_pred_step = jax.pmap(
         functools.partial(train.predict_step, config=predict_config, beam_size=cfg.beam_size),
-        axis_name="batch", static_broadcasted_argnums=(3, 4))
+        axis_name="batch",
+        static_broadcasted_argnums=(3, 4),
+    )
     eos_id = decode.EOS_ID if args.eos else -1
 
     drng = np.random.default_rng(0)
@@ -119,16 +134,37 @@ def main():
         out_lens += [int(np.argmax(r == decode.EOS_ID)) + 1 if decode.EOS_ID in r else len(r) for r in predicted]
     med = statistics.median(times)
     rows = args.batch * n_dev
-    print(json.dumps(dict(
-        side="flax_wmt_decode", label=args.label, batch=rows, beam=args.beam, alpha=0.6,
-        max_len=args.max_len, decode_steps=args.max_len - 1, input_len=args.input_len,
-        mean_src_len=round(float(np.mean(np.concatenate([b[1] for b in batches]))), 2),
-        eos_stops=args.eos, mean_out_len=round(float(np.mean(out_lens)), 2), dtype=str(jnp.dtype(dtype)),
-        params=n_params, batches=args.batches, sent_per_s=round(rows / med, 2),
-        median_s=round(med, 4), min_s=round(min(times), 4), max_s=round(max(times), 4),
-        compile_s=round(compile_s, 2), times=[round(t, 4) for t in times], devices=n_dev,
-        stubbed=stubbed, jax=jax.__version__, backend=jax.default_backend(),
-    )), flush=True)
+    print(
+        json.dumps(
+            dict(
+                side="flax_wmt_decode",
+                label=args.label,
+                batch=rows,
+                beam=args.beam,
+                alpha=0.6,
+                max_len=args.max_len,
+                decode_steps=args.max_len - 1,
+                input_len=args.input_len,
+                mean_src_len=round(float(np.mean(np.concatenate([b[1] for b in batches]))), 2),
+                eos_stops=args.eos,
+                mean_out_len=round(float(np.mean(out_lens)), 2),
+                dtype=str(jnp.dtype(dtype)),
+                params=n_params,
+                batches=args.batches,
+                sent_per_s=round(rows / med, 2),
+                median_s=round(med, 4),
+                min_s=round(min(times), 4),
+                max_s=round(max(times), 4),
+                compile_s=round(compile_s, 2),
+                times=[round(t, 4) for t in times],
+                devices=n_dev,
+                stubbed=stubbed,
+                jax=jax.__version__,
+                backend=jax.default_backend(),
+            )
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

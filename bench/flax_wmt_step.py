@@ -50,16 +50,24 @@ def packed_batch(rng, rows, length=PEER_LENGTH, vocab=VOCAB, per_row=3, fill=0.7
         pos = np.zeros(length, np.int32)
         at = 0
         for s, n in enumerate(lens, start=1):
-            tok[at:at + n - 1] = rng.integers(2, vocab, n - 1)
+            tok[at : at + n - 1] = rng.integers(2, vocab, n - 1)
             tok[at + n - 1] = 1
-            seg[at:at + n] = s
-            pos[at:at + n] = np.arange(n)
+            seg[at : at + n] = s
+            pos[at : at + n] = np.arange(n)
             at += n
         return tok, seg, pos
 
-    out = {k: np.zeros((rows, length), np.int32) for k in (
-        "inputs", "targets", "inputs_position", "targets_position",
-        "inputs_segmentation", "targets_segmentation")}
+    out = {
+        k: np.zeros((rows, length), np.int32)
+        for k in (
+            "inputs",
+            "targets",
+            "inputs_position",
+            "targets_position",
+            "inputs_segmentation",
+            "targets_segmentation",
+        )
+    }
     for r in range(rows):
         for name in ("inputs", "targets"):
             total = int(np.clip(round(rng.normal(fill * length, 5)), 3 * 6, length))
@@ -78,8 +86,12 @@ def main():
     p.add_argument("--attention_dropout", type=float, default=0.1)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--label", default="")
-    p.add_argument("--profile_dir", default="", help="after timing, trace 3 steps with the JAX profiler into this folder")
-    p.add_argument("--target_config", default="", help="compile for this GPU target config instead of running (see above)")
+    p.add_argument(
+        "--profile_dir", default="", help="after timing, trace 3 steps with the JAX profiler into this folder"
+    )
+    p.add_argument(
+        "--target_config", default="", help="compile for this GPU target config instead of running (see above)"
+    )
     p.add_argument("--hlo_out", default="", help="with --target_config: write the compiled HLO text here")
     args = p.parse_args()
 
@@ -133,20 +145,24 @@ def main():
     m = models.Transformer(eval_config)
     initial_variables = jax.jit(m.init)(init_rng, jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32))
     learning_rate_fn = train.create_learning_rate_schedule(
-        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps)
+        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps
+    )
     state = train.TrainState.create(
         apply_fn=m.apply,
         params=initial_variables["params"],
-        tx=optax.adamw(learning_rate=learning_rate_fn, b1=0.9, b2=0.98, eps=1e-9,
-                       weight_decay=cfg.weight_decay),
+        tx=optax.adamw(learning_rate=learning_rate_fn, b1=0.9, b2=0.98, eps=1e-9, weight_decay=cfg.weight_decay),
         dynamic_scale=None,
     )
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
     del initial_variables
     state = jax_utils.replicate(state)
     p_train_step = jax.pmap(
-        functools.partial(train.train_step, config=train_config, learning_rate_fn=learning_rate_fn,
-                          label_smoothing=cfg.label_smoothing),
+        functools.partial(
+            train.train_step,
+            config=train_config,
+            learning_rate_fn=learning_rate_fn,
+            label_smoothing=cfg.label_smoothing,
+        ),
         axis_name="batch",
         donate_argnums=(0,),
     )
@@ -169,19 +185,42 @@ def main():
     if args.profile_dir:
         with jax.profiler.trace(args.profile_dir, create_perfetto_trace=True):
             for i in range(3):
-                state, metrics = p_train_step(state, common_utils.shard(batches[i % len(batches)]), dropout_rng=dropout_rngs)
+                state, metrics = p_train_step(
+                    state, common_utils.shard(batches[i % len(batches)]), dropout_rng=dropout_rngs
+                )
             jax.block_until_ready((state, metrics))
     loss = float(jax.device_get(metrics["loss"])[0] / jax.device_get(metrics["denominator"])[0])
     med = statistics.median(times)
     slots = rows * n_dev * PEER_LENGTH
-    print(json.dumps(dict(
-        side="flax_wmt", label=args.label, size=args.size, dtype=args.dtype, rows=rows * n_dev, length=PEER_LENGTH,
-        devices=n_dev, params=n_params, attention_dropout=args.attention_dropout, dropout=args.dropout,
-        steps=args.steps, median_s=round(med, 4), min_s=round(min(times), 4), max_s=round(max(times), 4),
-        slot_tok_s=round(slots / med, 1), target_nonpad=round(nonpad, 3), input_nonpad=round(nonpad_in, 3),
-        last_loss=round(loss, 3), times=[round(t, 4) for t in times], stubbed=stubbed,
-        jax=jax.__version__, backend=jax.default_backend(),
-    )), flush=True)
+    print(
+        json.dumps(
+            dict(
+                side="flax_wmt",
+                label=args.label,
+                size=args.size,
+                dtype=args.dtype,
+                rows=rows * n_dev,
+                length=PEER_LENGTH,
+                devices=n_dev,
+                params=n_params,
+                attention_dropout=args.attention_dropout,
+                dropout=args.dropout,
+                steps=args.steps,
+                median_s=round(med, 4),
+                min_s=round(min(times), 4),
+                max_s=round(max(times), 4),
+                slot_tok_s=round(slots / med, 1),
+                target_nonpad=round(nonpad, 3),
+                input_nonpad=round(nonpad_in, 3),
+                last_loss=round(loss, 3),
+                times=[round(t, 4) for t in times],
+                stubbed=stubbed,
+                jax=jax.__version__,
+                backend=jax.default_backend(),
+            )
+        ),
+        flush=True,
+    )
 
 
 def compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, stubbed):
@@ -197,10 +236,13 @@ def compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, s
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    devices = topologies.get_topology_desc(platform="cuda", target_config=Path(args.target_config).read_text(),
-                                           topology="1x1x1").devices
+    devices = topologies.get_topology_desc(
+        platform="cuda", target_config=Path(args.target_config).read_text(), topology="1x1x1"
+    ).devices
     mesh = Mesh(np.array(devices), ("batch",))
-    learning_rate_fn = train.create_learning_rate_schedule(learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps)
+    learning_rate_fn = train.create_learning_rate_schedule(
+        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps
+    )
     shape = (rows, PEER_LENGTH)
     m = models.Transformer(eval_config)
 
@@ -210,15 +252,21 @@ def compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, s
         return train.TrainState.create(apply_fn=m.apply, params=params, tx=tx, dynamic_scale=None)
 
     replicated = NamedSharding(mesh, P())
-    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)  # noqa: E731
+    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
     state = jax.tree.map(place, jax.eval_shape(create))
     names = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation", "targets_segmentation")
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, P("batch"))) for k in names}
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-    step = functools.partial(train.train_step, config=train_config, learning_rate_fn=learning_rate_fn,
-                             label_smoothing=cfg.label_smoothing)
-    sharded = jax.shard_map(lambda s, b, r: step(s, b, dropout_rng=r), mesh=mesh,
-                            in_specs=(P(), P("batch"), P()), out_specs=(P(), P()), check_vma=False)
+    step = functools.partial(
+        train.train_step, config=train_config, learning_rate_fn=learning_rate_fn, label_smoothing=cfg.label_smoothing
+    )
+    sharded = jax.shard_map(
+        lambda s, b, r: step(s, b, dropout_rng=r),
+        mesh=mesh,
+        in_specs=(P(), P("batch"), P()),
+        out_specs=(P(), P()),
+        check_vma=False,
+    )
     start = time.perf_counter()
     lowered = jax.jit(sharded, donate_argnums=(0,)).lower(state, batch, rng)
     lowered_at = time.perf_counter()
@@ -227,12 +275,26 @@ def compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, s
     Path(args.hlo_out).write_text(compiled.as_text())
     memory = compiled.memory_analysis()
     fields = ("argument", "output", "alias", "temp", "generated_code")
-    print(json.dumps(dict(
-        side="flax_wmt", label=args.label, size=args.size, dtype=args.dtype, rows=rows, length=PEER_LENGTH,
-        target_config=args.target_config, hlo=args.hlo_out, lower_s=round(lowered_at - start, 2),
-        compile_s=round(compile_s, 2), memory_bytes={f: int(getattr(memory, f"{f}_size_in_bytes")) for f in fields},
-        stubbed=stubbed, jax=jax.__version__,
-    )), flush=True)
+    print(
+        json.dumps(
+            dict(
+                side="flax_wmt",
+                label=args.label,
+                size=args.size,
+                dtype=args.dtype,
+                rows=rows,
+                length=PEER_LENGTH,
+                target_config=args.target_config,
+                hlo=args.hlo_out,
+                lower_s=round(lowered_at - start, 2),
+                compile_s=round(compile_s, 2),
+                memory_bytes={f: int(getattr(memory, f"{f}_size_in_bytes")) for f in fields},
+                stubbed=stubbed,
+                jax=jax.__version__,
+            )
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

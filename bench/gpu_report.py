@@ -57,10 +57,13 @@ ATTENTION_SHAPES = [(4, 1024, 8, 64), (1, 4096, 8, 64), (1, 16384, 8, 64)]  # B,
 TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)
 # the dry run's preset point: a few steps, one evaluation and checkpoint at the end, a small vocabulary
 DRY_PRESET = dict(steps=6, train_limit=1000, vocab_size=500, bleu_examples=16)
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # JAX's event for every XLA compile (training.core.compile_cache)
+COMPILE_EVENT = (
+    "/jax/core/compile/backend_compile_duration"  # JAX's event for every XLA compile (training.core.compile_cache)
+)
 
 
 # --- timing and profiles --------------------------------------------------------------------------
+
 
 def device_us(fn, args, calls: int) -> float:
     """Microseconds a call of `fn(*args)`: `calls` calls queued back to back, one wait at the end (after a warm-up)."""
@@ -90,7 +93,11 @@ def top_kernels(trace_dir: str | Path, n: int = 10) -> list[tuple[str, float, in
         return []
     events = json.loads(gzip.decompress(files[-1].read_bytes()))
     events = events["traceEvents"] if isinstance(events, dict) else events
-    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {
+        e["pid"]: e.get("args", {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     devices = {pid for pid, name in names.items() if any(d in name for d in ("GPU", "TPU", "gpu", "tpu"))}
     totals, counts = collections.defaultdict(float), collections.Counter()
     for e in events:
@@ -107,11 +114,15 @@ def kernel_table(title: str, kernels) -> str:
     if not kernels:
         return f"{title}: no trace events found.\n"
     total = sum(ms for _, ms, _ in kernels)
-    rows = "".join(f"| {i} | `{name[:80]}` | {ms:.3f} | {calls} | {ms / total:.0%} |\n" for i, (name, ms, calls) in enumerate(kernels, 1))
+    rows = "".join(
+        f"| {i} | `{name[:80]}` | {ms:.3f} | {calls} | {ms / total:.0%} |\n"
+        for i, (name, ms, calls) in enumerate(kernels, 1)
+    )
     return f"{title} (3 traced steps; share of these ten):\n\n| # | kernel | ms | calls | share |\n|---:|---|---:|---:|---:|\n{rows}"
 
 
 # --- the parts ------------------------------------------------------------------------------------
+
 
 def part_suite(args) -> str:
     """The default suite on this backend (a dry run: one small test file), its summary line."""
@@ -121,8 +132,10 @@ def part_suite(args) -> str:
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.suite_timeout_s)
     lines = done.stdout.strip().splitlines()
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return (f"`{' '.join(cmd[2:])}` (exit {done.returncode}):\n\n    {lines[-1] if lines else done.stderr[-500:]}\n\n"
-            + "".join(f"    {line}\n" for line in failures[:30]))
+    return (
+        f"`{' '.join(cmd[2:])}` (exit {done.returncode}):\n\n    {lines[-1] if lines else done.stderr[-500:]}\n\n"
+        + "".join(f"    {line}\n" for line in failures[:30])
+    )
 
 
 def part_attention(args) -> str:
@@ -139,22 +152,28 @@ def part_attention(args) -> str:
         for causal in (False, True):
             times = {}
             for impl in impls:
-                loss = lambda q, k, v, impl=impl: jnp.sum(attention.dot_product_attention(
-                    q, k, v, impl=impl, is_causal=causal).astype(jnp.float32) * g.astype(jnp.float32))
+                loss = lambda q, k, v, impl=impl: jnp.sum(
+                    attention.dot_product_attention(q, k, v, impl=impl, is_causal=causal).astype(jnp.float32)
+                    * g.astype(jnp.float32)
+                )
                 step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
                 try:
                     times[impl] = device_us(step, (q, k, v), args.calls)
-                except Exception as e:  # noqa: BLE001 - a refusal is a row, not the end of the report
+                except Exception as e:
                     times[impl] = f"{type(e).__name__}: {str(e)[:60]}"
             anchor = torch_us.get((B, N, H, D, causal))
             cells = [f"{t:,.0f}" if isinstance(t, float) else t for t in times.values()]
-            ratio = (f"{times[impls[0]] / anchor:.2f}" if anchor and isinstance(times[impls[0]], float) else "-")
-            rows.append(f"| {B}, {N}, {H}, {D} | {'yes' if causal else 'no'} | {' | '.join(cells)} | "
-                        f"{f'{anchor:,.0f}' if anchor else '-'} | {ratio} |")
+            ratio = f"{times[impls[0]] / anchor:.2f}" if anchor and isinstance(times[impls[0]], float) else "-"
+            rows.append(
+                f"| {B}, {N}, {H}, {D} | {'yes' if causal else 'no'} | {' | '.join(cells)} | "
+                f"{f'{anchor:,.0f}' if anchor else '-'} | {ratio} |"
+            )
     head = " | ".join(f"{impl} µs" for impl in impls)
-    return (f"Forward+backward, bfloat16, µs a call ({args.calls} calls queued, one wait). torch: "
-            f"{torch_us.get('version', 'not importable or no CUDA')}.\n\n| B, N, heads, d | causal | {head} | torch SDPA µs | "
-            f"{impls[0]} / torch |\n|---|---|{'---:|' * len(impls)}---:|---:|\n" + "\n".join(rows) + "\n")
+    return (
+        f"Forward+backward, bfloat16, µs a call ({args.calls} calls queued, one wait). torch: "
+        f"{torch_us.get('version', 'not importable or no CUDA')}.\n\n| B, N, heads, d | causal | {head} | torch SDPA µs | "
+        f"{impls[0]} / torch |\n|---|---|{'---:|' * len(impls)}---:|---:|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def _torch_sdpa(shapes, calls) -> dict:
@@ -201,7 +220,9 @@ def part_train_step(args) -> str:
     train = load_corpus(config, config.data.train_split)
     if args.dry_run:
         train = type(train)(train.src[:2000], train.tgt[:2000], train.dropped)
-    vocab = tokenizer.load(tokenizer.train(train.src + train.tgt, 500 if args.dry_run else config.data.vocab_size, config.seed))
+    vocab = tokenizer.load(
+        tokenizer.train(train.src + train.tgt, 500 if args.dry_run else config.data.vocab_size, config.seed)
+    )
     src_ids, tgt_ids = vocab.encode(list(train.src)), vocab.encode(list(train.tgt))
     text, kernels = [], []
     ratios = collections.defaultdict(list)
@@ -209,32 +230,62 @@ def part_train_step(args) -> str:
         overrides = {"data.token_budget": rows * peer.PEER_LENGTH}
         if size == "toy":
             overrides |= {f"model.{k}": v for k, v in TOY.items()}
-        ours = peer.Ours(_our_config(peer, "small" if size == "toy" else size, args.dtype, overrides), vocab, src_ids, tgt_ids, reps=3)
-        peer_args = argparse.Namespace(peer_python=sys.executable, wmt_dir=args.wmt_dir, peer_dir=str(Path(__file__).parent),
-                                       peer_steps=3 if args.dry_run else 10, clock="wall", peer_rows=rows, peer_dtype=args.dtype)
+        ours = peer.Ours(
+            _our_config(peer, "small" if size == "toy" else size, args.dtype, overrides),
+            vocab,
+            src_ids,
+            tgt_ids,
+            reps=3,
+        )
+        peer_args = argparse.Namespace(
+            peer_python=sys.executable,
+            wmt_dir=args.wmt_dir,
+            peer_dir=str(Path(__file__).parent),
+            peer_steps=3 if args.dry_run else 10,
+            clock="wall",
+            peer_rows=rows,
+            peer_dtype=args.dtype,
+        )
         with tempfile.TemporaryDirectory() as ours_dir, tempfile.TemporaryDirectory() as peer_dir:
             for r in range(args.rounds):
                 results = {}
                 # the peer traces 3 steps after its timed ones in the last round (one process fewer)
-                last = argparse.Namespace(**{**vars(peer_args), "peer_profile_dir": peer_dir}) if r == args.rounds - 1 else peer_args
-                for side in (["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]):
+                last = (
+                    argparse.Namespace(**{**vars(peer_args), "peer_profile_dir": peer_dir})
+                    if r == args.rounds - 1
+                    else peer_args
+                )
+                for side in ["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]:
                     results[side] = peer.run_peer(last, size) if side == "peer" else ours.epoch_rates("wall")
                 o, p = results["ours"], results["peer"]
                 ratios[size].append(o["useful_tok_s"] / p["useful_tok_s"])
-                text.append(f"| {r + 1} | {size} | {o['step_s'] * 1e3:.1f} | {o['useful_tok_s']:,.0f} | {o['fill']:.2f} | "
-                            f"{p['median_s'] * 1e3:.1f} | {p['useful_tok_s']:,.0f} | {p['target_nonpad']:.2f} | {ratios[size][-1]:.2f} |")
+                text.append(
+                    f"| {r + 1} | {size} | {o['step_s'] * 1e3:.1f} | {o['useful_tok_s']:,.0f} | {o['fill']:.2f} | "
+                    f"{p['median_s'] * 1e3:.1f} | {p['useful_tok_s']:,.0f} | {p['target_nonpad']:.2f} | {ratios[size][-1]:.2f} |"
+                )
             with jax.profiler.trace(ours_dir, create_perfetto_trace=True):
                 shape = max(ours.counts, key=ours.counts.get)
                 for i in range(3):
                     ours.run_step(shape, i)
-            kernels.append(kernel_table(f"**{size}, ours** (batch shape {shape[0]} x {shape[1]})", top_kernels(ours_dir)))
+            kernels.append(
+                kernel_table(f"**{size}, ours** (batch shape {shape[0]} x {shape[1]})", top_kernels(ours_dir))
+            )
             kernels.append(kernel_table(f"**{size}, peer**", top_kernels(peer_dir)))
-    summary = "".join(f"| {size} | {len(xs)} | **{np.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)}) |\n" for size, xs in ratios.items())
-    return (f"{args.dtype} both sides, {rows} rows x 64 slots a step, rounds alternate which side goes first; ours on "
-            "Multi30k's packed rows (the default config), the peer on its synthetic packed rows; useful = non-padding target tokens.\n\n"
-            "| round | size | ours ms | ours useful tok/s | ours fill | peer ms | peer useful tok/s | peer fill | ours / peer |\n"
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(text)
-            + "\n\n| size | rounds | useful tok/s, ours / peer, median (each) |\n|---|---:|---:|\n" + summary + "\n" + "\n".join(kernels))
+    summary = "".join(
+        f"| {size} | {len(xs)} | **{np.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)}) |\n"
+        for size, xs in ratios.items()
+    )
+    return (
+        f"{args.dtype} both sides, {rows} rows x 64 slots a step, rounds alternate which side goes first; ours on "
+        "Multi30k's packed rows (the default config), the peer on its synthetic packed rows; useful = non-padding target tokens.\n\n"
+        "| round | size | ours ms | ours useful tok/s | ours fill | peer ms | peer useful tok/s | peer fill | ours / peer |\n"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
+        + "\n".join(text)
+        + "\n\n| size | rounds | useful tok/s, ours / peer, median (each) |\n|---|---:|---:|\n"
+        + summary
+        + "\n"
+        + "\n".join(kernels)
+    )
 
 
 def _our_config(peer, size, dtype, overrides):
@@ -254,7 +305,9 @@ def part_preset(args) -> str:
 
     if args.dry_run:
         dry = DRY_PRESET
-        config = tiny_preset(packed=True, steps=dry["steps"], train_limit=dry["train_limit"], vocab_size=dry["vocab_size"])
+        config = tiny_preset(
+            packed=True, steps=dry["steps"], train_limit=dry["train_limit"], vocab_size=dry["vocab_size"]
+        )
         config.eval_every_steps = config.checkpoint_every_steps = dry["steps"]
         config.eval.bleu_examples = dry["bleu_examples"]
     else:
@@ -280,16 +333,30 @@ def part_preset(args) -> str:
     split = wall_split(lines.records, [e for e in compiles.events if e[0] <= train_end], records, train_s)
     decode_compile_s = compiles.within(decode_start, time.time())
     summary = next((x for x in lines.lines if x.startswith("compilation in this invocation")), "?")
-    rows = "".join(f"| {what} | {seconds:.1f} |\n" for what, seconds in [
-        ("training run, wall", train_s), ("of it compiling (XLA)", split["compile_s"]),
-        ("of it steps (batches and updates, compiling excluded)", split["steps_s"]),
-        (f"of it dev evaluation (loss, greedy BLEU on {config.eval.bleu_examples}; compiling excluded)", split["eval_s"]),
-        ("of it the rest (data, vocabulary, initialisation, checkpoints)", split["rest_s"]),
-        (f"test split, beam 4 ({score.get('sentences', 'all')} sentences; load, {'' if args.dry_run else 'loss, '}decoding)", decode_s), ("of it compiling (XLA)", decode_compile_s)])
-    return (f"The packed Table 3 preset (configs/table3_preset.py `pack`), h = {config.model.num_heads}, "
-            f"{config.num_train_steps} steps, {len(split['evaluations'])} dev evaluation(s), cold compilation cache.\n\n"
-            f"| part | s |\n|---|---:|\n{rows}\n"
-            f"Run's log: {summary}. Test BLEU (beam 4) {score['bleu']:.2f}.\n")
+    rows = "".join(
+        f"| {what} | {seconds:.1f} |\n"
+        for what, seconds in [
+            ("training run, wall", train_s),
+            ("of it compiling (XLA)", split["compile_s"]),
+            ("of it steps (batches and updates, compiling excluded)", split["steps_s"]),
+            (
+                f"of it dev evaluation (loss, greedy BLEU on {config.eval.bleu_examples}; compiling excluded)",
+                split["eval_s"],
+            ),
+            ("of it the rest (data, vocabulary, initialisation, checkpoints)", split["rest_s"]),
+            (
+                f"test split, beam 4 ({score.get('sentences', 'all')} sentences; load, {'' if args.dry_run else 'loss, '}decoding)",
+                decode_s,
+            ),
+            ("of it compiling (XLA)", decode_compile_s),
+        ]
+    )
+    return (
+        f"The packed Table 3 preset (configs/table3_preset.py `pack`), h = {config.model.num_heads}, "
+        f"{config.num_train_steps} steps, {len(split['evaluations'])} dev evaluation(s), cold compilation cache.\n\n"
+        f"| part | s |\n|---|---:|\n{rows}\n"
+        f"Run's log: {summary}. Test BLEU (beam 4) {score['bleu']:.2f}.\n"
+    )
 
 
 def _translate_first(workdir, split: str, n: int) -> dict:
@@ -357,9 +424,16 @@ def wall_split(log: list[tuple[float, str]], compiles, records: list[dict], trai
     first_step_compile = within(compiles, params_at, first_step_at) if params_at and first_step_at else 0.0
     compile_s = sum(seconds for _, seconds in compiles)
     eval_s = sum(end - start - within(compiles, start, end) for start, end in evaluations)
-    steps_s = sum(r["step_time_s"] * (r["step"] - prev) for r, prev in _with_previous_step(records)) - first_step_compile
-    return {"compile_s": compile_s, "steps_s": steps_s, "eval_s": eval_s, "rest_s": train_s - compile_s - steps_s - eval_s,
-            "evaluations": evaluations}
+    steps_s = (
+        sum(r["step_time_s"] * (r["step"] - prev) for r, prev in _with_previous_step(records)) - first_step_compile
+    )
+    return {
+        "compile_s": compile_s,
+        "steps_s": steps_s,
+        "eval_s": eval_s,
+        "rest_s": train_s - compile_s - steps_s - eval_s,
+        "evaluations": evaluations,
+    }
 
 
 def _with_previous_step(records):
@@ -375,9 +449,29 @@ def part_decode(args) -> str:
     if not args.wmt_dir:
         return "Skipped: no snapshot of Flax's examples/wmt (--wmt_dir, FLAX_WMT_DIR or FLAX_GIT_DIR).\n"
     steps, batch, batches = (7, 4, 2) if args.dry_run else (63, 64, 3)
-    cmd = [sys.executable, "-m", "bench.peer_decode", "--wmt_dir", args.wmt_dir, "--dtypes", args.dtype,
-           "--rounds", str(args.rounds), "--batch", str(batch), "--steps", str(steps), "--batches", str(batches),
-           "--pad_to", "64", "--clock", "wall", "--peer_dtype", args.dtype]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.peer_decode",
+        "--wmt_dir",
+        args.wmt_dir,
+        "--dtypes",
+        args.dtype,
+        "--rounds",
+        str(args.rounds),
+        "--batch",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--batches",
+        str(batches),
+        "--pad_to",
+        "64",
+        "--clock",
+        "wall",
+        "--peer_dtype",
+        args.dtype,
+    ]
     if args.dry_run:
         cmd += ["--toy"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -390,9 +484,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry_run", action="store_true", help="every part at toy sizes (any backend)")
     parser.add_argument("--out", default=str(ROOT / "results" / "gpu.md"))
-    parser.add_argument("--wmt_dir", default="", help="Flax's examples/wmt (default: $FLAX_WMT_DIR, else extracted from $FLAX_GIT_DIR)")
+    parser.add_argument(
+        "--wmt_dir", default="", help="Flax's examples/wmt (default: $FLAX_WMT_DIR, else extracted from $FLAX_GIT_DIR)"
+    )
     parser.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
-    parser.add_argument("--rounds", type=int, default=0, help="alternating rounds against the peer (0: 2, 1 in a dry run)")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="alternating rounds against the peer (0: 2, 1 in a dry run)"
+    )
     parser.add_argument("--calls", type=int, default=0, help="attention calls a timing (0: 100, 3 in a dry run)")
     parser.add_argument("--suite_timeout_s", type=int, default=240)
     args = parser.parse_args(argv)
@@ -407,15 +505,23 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
     os.environ[STUB_ENV] = "1"  # the peer's processes: its TensorFlow/clu imports stubbed, never imported
     device = jax.devices()[0]
-    sections = [f"# The GPU report\n\nWritten by `python -m bench.gpu_report{' --dry_run' if args.dry_run else ''}` "
-                f"on {time.strftime('%Y-%m-%d', time.gmtime())}: {jax.device_count()} x {device.device_kind} "
-                f"({jax.default_backend()}), jax {jax.__version__}.{' A dry run: toy sizes, no figure means anything.' if args.dry_run else ''}\n"]
-    parts = {"suite": part_suite, "attention": part_attention, "train_step": part_train_step, "preset": part_preset, "decode": part_decode}
+    sections = [
+        f"# The GPU report\n\nWritten by `python -m bench.gpu_report{' --dry_run' if args.dry_run else ''}` "
+        f"on {time.strftime('%Y-%m-%d', time.gmtime())}: {jax.device_count()} x {device.device_kind} "
+        f"({jax.default_backend()}), jax {jax.__version__}.{' A dry run: toy sizes, no figure means anything.' if args.dry_run else ''}\n"
+    ]
+    parts = {
+        "suite": part_suite,
+        "attention": part_attention,
+        "train_step": part_train_step,
+        "preset": part_preset,
+        "decode": part_decode,
+    }
     for name in args.parts:
         start, cpu = time.perf_counter(), cpu_seconds()
         try:
             body = parts[name](args)
-        except Exception as e:  # noqa: BLE001 - one failed part must not lose the others
+        except Exception as e:
             body = f"Failed: {type(e).__name__}: {e}\n\n```\n{traceback.format_exc()[-3000:]}```\n"
         sections.append(f"## {name} ({time.perf_counter() - start:.0f} s; {cpu_seconds() - cpu:.0f} s CPU)\n\n{body}")
         print(sections[-1], flush=True)

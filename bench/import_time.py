@@ -5,6 +5,7 @@
 Each round runs every (interpreter, statement) once, the order reversed in odd rounds; run from /tmp so
 that the clone is not on the path (the library venv must import its installed `attention`).
 """
+
 import argparse
 import statistics
 import subprocess

@@ -38,8 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]  # child processes run `-m bench.…`
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 # Run a module with its step clock on this process's CPU time (argv: module, its arguments).
-CPU_CLOCK_SHIM = ("import runpy, sys, time; time.perf_counter = time.process_time; "
-                  "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+CPU_CLOCK_SHIM = (
+    "import runpy, sys, time; time.perf_counter = time.process_time; "
+    "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
 
 
 def median_ms(run: Callable[[], object], reps: int, *, clock: str = "cpu", warmup: int = 1) -> float:
@@ -65,7 +67,9 @@ def median_seconds(fn, args, reps, clock="wall"):
 def cpu_description() -> str:
     """`lscpu`'s model name, the CPU's bfloat16 / AMX flags (from /proc/cpuinfo), this process's cores and `releases()`."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(name)), "?")  # noqa: E731
+    field = lambda name: next(
+        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(name)), "?"
+    )
     flags = [f for f in field("flags").split() if "bf16" in f or f.startswith("amx") or f in ("avx2", "avx512f")]
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     return f"{field('model name')} ({' '.join(flags) or 'no avx2/avx512/bf16 flags'}); affinity {affinity}{releases()}"
@@ -100,8 +104,9 @@ def flax_wmt_dir(wmt_dir: str = "") -> str:
     if wmt_dir or not git_dir:
         return wmt_dir
     git = ["git", f"--git-dir={git_dir}"]
-    commit = subprocess.run([*git, "rev-parse", os.environ.get("FLAX_GIT_REF", "HEAD")],
-                            check=True, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        [*git, "rev-parse", os.environ.get("FLAX_GIT_REF", "HEAD")], check=True, capture_output=True, text=True
+    ).stdout.strip()
     dest = Path(tempfile.gettempdir()) / f"flax-{commit[:12]}"
     if not (dest / "examples" / "wmt" / "train.py").exists():
         archive = subprocess.run([*git, "archive", commit, "examples/wmt"], check=True, capture_output=True).stdout
@@ -178,7 +183,9 @@ def run_json_script(python: str, module: str, args: list[str], clock: str) -> di
     `clock="cpu"`: through `CPU_CLOCK_SHIM`, so the script's `time.perf_counter` counts its own CPU time.
     """
     cmd = [python, "-c", CPU_CLOCK_SHIM, module, *args] if clock == "cpu" else [python, "-m", module, *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         raise RuntimeError(f"{module} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -203,7 +210,9 @@ PEER_SIZES = {
 TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)  # PEER_SIZES["toy"] in our config's fields
 HLO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 # An HLO instruction's result: `%name = f32[2,3]{1,0} op(...)` (ROOT or not; fusion parameters included).
-HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.-]+) = (?P<dtype>\w+)\[(?P<dims>[\d,]*)\]\S* (?P<op>[\w-]+)\((?P<args>[^)]*)\)(?P<attrs>.*)$")
+HLO_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT )?%(?P<name>[\w.-]+) = (?P<dtype>\w+)\[(?P<dims>[\d,]*)\]\S* (?P<op>[\w-]+)\((?P<args>[^)]*)\)(?P<attrs>.*)$"
+)
 HLO_DOT_DIMS = re.compile(r"(lhs_batch_dims|lhs_contracting_dims|rhs_batch_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 
 
@@ -241,8 +250,10 @@ def hlo_dots(hlo: str) -> list[tuple]:
         if m["op"] == "dot":
             lhs, rhs = (a.split()[-1].lstrip("%") for a in m["args"].split(","))
             dims = {k: tuple(int(d) for d in v.split(",") if d) for k, v in HLO_DOT_DIMS.findall(m["attrs"])}
-            numbers = ((dims.get("lhs_contracting_dims", ()), dims.get("rhs_contracting_dims", ())),
-                       (dims.get("lhs_batch_dims", ()), dims.get("rhs_batch_dims", ())))
+            numbers = (
+                (dims.get("lhs_contracting_dims", ()), dims.get("rhs_contracting_dims", ())),
+                (dims.get("lhs_batch_dims", ()), dims.get("rhs_batch_dims", ())),
+            )
             dots.append((shapes[lhs], shapes[rhs], m["dtype"], numbers))
     return dots
 
@@ -268,12 +279,13 @@ def dot_seconds(hlo: str, reps: int = 5, clock: str = "cpu") -> tuple[float, flo
 
 # --- batches, configs and workloads ---------------------------------------------------------------
 
+
 def synthetic_batch(rows: int, length: int, vocab: int, seed: int = 0):
     """A `training.data.batching.Batch` of random tokens in [4, vocab), every position real (weights 1)."""
     from training.data.batching import Batch
 
     rng = np.random.default_rng(seed)
-    tokens = lambda: rng.integers(4, vocab, (rows, length), dtype=np.int32)  # noqa: E731
+    tokens = lambda: rng.integers(4, vocab, (rows, length), dtype=np.int32)
     return Batch(tokens(), tokens(), tokens(), np.ones((rows, length), np.float32))
 
 
@@ -343,9 +355,14 @@ class Ours:
         from training.core import step as step_lib
 
         self.model = with_fields(config_lib.build_model(config, vocab, config.model.dtype), model_overrides)
-        self.schedule = BatchSchedule(src_ids, tgt_ids, token_budget=config.data.token_budget,
-                                      bucket_lengths=config.data.bucket_lengths, seed=config.seed,
-                                      pack_length=config.data.pack_length)
+        self.schedule = BatchSchedule(
+            src_ids,
+            tgt_ids,
+            token_budget=config.data.token_budget,
+            bucket_lengths=config.data.bucket_lengths,
+            seed=config.seed,
+            pack_length=config.data.pack_length,
+        )
         tx = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
         self.trainer = trainers.make_trainer(config, self.model, tx)
         self.rng = jax.random.key(1)
@@ -386,18 +403,27 @@ class Ours:
         for shape in self.batches:
             calls = iter(range(10**9))
             reps = len(self.batches[shape])
-            seconds[shape] = median_ms(lambda: self.run_step(shape, next(calls)), max(reps, 2), clock=clock, warmup=0) / 1e3
+            seconds[shape] = (
+                median_ms(lambda: self.run_step(shape, next(calls)), max(reps, 2), clock=clock, warmup=0) / 1e3
+            )
         total = sum(self.counts[s] * seconds[s] for s in seconds)
         return dict(
-            useful_tok_s=sum(self.useful.values()) / total, slot_tok_s=sum(self.slots.values()) / total,
-            step_s=total / sum(self.counts.values()), flop_s=sum(self.counts[s] * self.flops[s] for s in seconds) / total,
-            fill=sum(self.useful.values()) / sum(self.slots.values()), shapes=len(seconds),
+            useful_tok_s=sum(self.useful.values()) / total,
+            slot_tok_s=sum(self.slots.values()) / total,
+            step_s=total / sum(self.counts.values()),
+            flop_s=sum(self.counts[s] * self.flops[s] for s in seconds) / total,
+            fill=sum(self.useful.values()) / sum(self.slots.values()),
+            shapes=len(seconds),
         )
 
     def matmul_share(self, clock: str, reps: int = 5) -> dict:
         """Step seconds at the epoch's most frequent shape, and its dots' seconds each timed alone (`dot_seconds`)."""
         shape = max(self.counts, key=self.counts.get)
-        hlo = self.trainer.step_fn.lower(self.state, self.trainer.put_batch(self.batches[shape][0]), self.rng).compile().as_text()
+        hlo = (
+            self.trainer.step_fn.lower(self.state, self.trainer.put_batch(self.batches[shape][0]), self.rng)
+            .compile()
+            .as_text()
+        )
         dots_s, dots_flops, dots = dot_seconds(hlo, reps, clock)
         calls = iter(range(10**9))
         step_s = median_ms(lambda: self.run_step(shape, next(calls)), reps, clock=clock, warmup=1) / 1e3
@@ -429,8 +455,19 @@ class OursDecode:
     `logits_barrier`), each decoder its own jitted program.
     """
 
-    def __init__(self, dtype: str, vocab, src_ids, batch: int, steps: int, beam: int, pad_to: int = 0,
-                 toy: bool = False, model_overrides: dict | None = None, **options):
+    def __init__(
+        self,
+        dtype: str,
+        vocab,
+        src_ids,
+        batch: int,
+        steps: int,
+        beam: int,
+        pad_to: int = 0,
+        toy: bool = False,
+        model_overrides: dict | None = None,
+        **options,
+    ):
         import jax
         import jax.numpy as jnp
 
@@ -444,11 +481,16 @@ class OursDecode:
         self.model = with_fields(config_lib.build_model(config, vocab, dtype), model_overrides)
         tokens = jnp.ones((1, 2), jnp.int32)
         self.params = jax.jit(self.model.init)(jax.random.key(0), tokens, tokens)["params"]
-        self.decode = jax.jit(lambda params, src: beam_search(
-            self.model, params, src, beam_size=beam, alpha=0.6, max_len=steps, **options)[0])
+        self.decode = jax.jit(
+            lambda params, src: beam_search(
+                self.model, params, src, beam_size=beam, alpha=0.6, max_len=steps, **options
+            )[0]
+        )
         self.batches = []
         for start in range(0, len(src_ids) - batch + 1, batch):
-            chunk = [ids[:pad_to] if pad_to else ids for ids in src_ids[start : start + batch]]  # the peer cuts to its length too
+            chunk = [
+                ids[:pad_to] if pad_to else ids for ids in src_ids[start : start + batch]
+            ]  # the peer cuts to its length too
             length = pad_to or bucket_length(max(map(len, chunk)), config.data.bucket_lengths)
             self.batches.append(jnp.asarray(BatchSchedule.assemble(chunk, [[] for _ in chunk], batch, length).src))
         out = [np.asarray(self.decode(self.params, src)) for src in self.batches]  # compile every shape
@@ -460,8 +502,15 @@ class OursDecode:
         import jax
 
         batches = iter(self.batches)
-        return median_ms(lambda: jax.block_until_ready(self.decode(self.params, next(batches))),
-                         len(self.batches), clock=clock, warmup=0) / 1e3
+        return (
+            median_ms(
+                lambda: jax.block_until_ready(self.decode(self.params, next(batches))),
+                len(self.batches),
+                clock=clock,
+                warmup=0,
+            )
+            / 1e3
+        )
 
 
 # --- a preset run at a tiny size, and its log ------------------------------------------------------

@@ -72,16 +72,25 @@ def main(argv=None):
     logits = jnp.asarray(rng.normal(size=(args.rows, PEER_LENGTH, VOCAB)), jnp.float32)
     targets = jnp.asarray(rng.integers(0, VOCAB, (args.rows, PEER_LENGTH)), jnp.int32)
     weights = jnp.ones((args.rows, PEER_LENGTH), jnp.float32)
-    grads = {name: jax.jit(jax.grad(lambda z, pick=pick: step.token_losses(z, targets, weights, 0.1, pick)[0]))
-             for name, pick in PICKS.items()}
+    grads = {
+        name: jax.jit(jax.grad(lambda z, pick=pick: step.token_losses(z, targets, weights, 0.1, pick)[0]))
+        for name, pick in PICKS.items()
+    }
     got = {name: np.asarray(g(logits)) for name, g in grads.items()}
     print(cpu_description())
-    print(f"median of {args.rounds} alternating rounds (each the median of {args.reps} calls, CPU time); largest difference "
-          f"between the two loss gradients {np.abs(got['masked sum'] - got['gather']).max():.1e}")
+    print(
+        f"median of {args.rounds} alternating rounds (each the median of {args.reps} calls, CPU time); largest difference "
+        f"between the two loss gradients {np.abs(got['masked sum'] - got['gather']).max():.1e}"
+    )
     print("| workload | masked sum ms | gather ms | masked sum / gather |\n|---|---:|---:|---:|")
-    workloads = {f"loss gradient [{args.rows}, {PEER_LENGTH}, {VOCAB}]":
-                 {name: (lambda g=g: g(logits).block_until_ready()) for name, g in grads.items()}}
-    workloads.update({f"train step, small, {dtype}": train_steps(dtype, args.rows) for dtype in ("float32", "bfloat16")})
+    workloads = {
+        f"loss gradient [{args.rows}, {PEER_LENGTH}, {VOCAB}]": {
+            name: (lambda g=g: g(logits).block_until_ready()) for name, g in grads.items()
+        }
+    }
+    workloads.update(
+        {f"train step, small, {dtype}": train_steps(dtype, args.rows) for dtype in ("float32", "bfloat16")}
+    )
     for label, calls in workloads.items():
         ms = alternating(calls, args.rounds, args.reps)
         print(f"| {label} | {ms['masked sum']:.1f} | {ms['gather']:.1f} | {ms['masked sum'] / ms['gather']:.3f} |")

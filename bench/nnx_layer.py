@@ -58,7 +58,9 @@ def train_pair(batch=4, length=256, width=256, mode="graph"):
     linen_fn = lambda: jax.block_until_ready(linen_step(params, x))
     if mode == "split":
         graphdef, state = nnx.split(layer)
-        split_step = jax.jit(lambda s, x: jax.grad(lambda s: jnp.mean(nnx.merge(graphdef, s)(x, is_causal=True) ** 2))(s))
+        split_step = jax.jit(
+            lambda s, x: jax.grad(lambda s: jnp.mean(nnx.merge(graphdef, s)(x, is_causal=True) ** 2))(s)
+        )
         return lambda: jax.block_until_ready(split_step(state, x)), linen_fn
     if mode == "cached":
         cached_step = nnx.cached_partial(nnx.jit(nnx_step), layer)

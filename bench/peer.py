@@ -38,8 +38,20 @@ from collections import defaultdict
 
 import jax
 
-from bench.lib import (PEER_LENGTH, SIZES, VOCAB, Ours, corpus_vocab, cpu_description, flax_wmt_dir, matmul_flops_per_s, our_config,
-                       parse_variant, run_peer, synthetic_batch)
+from bench.lib import (
+    PEER_LENGTH,
+    SIZES,
+    VOCAB,
+    Ours,
+    corpus_vocab,
+    cpu_description,
+    flax_wmt_dir,
+    matmul_flops_per_s,
+    our_config,
+    parse_variant,
+    run_peer,
+    synthetic_batch,
+)
 from configs import default
 from training.data.batching import as_arrays
 
@@ -51,20 +63,38 @@ def peer_flops(ours: Ours, rows: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)")
-    parser.add_argument("--wmt_dir", default="", help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
-                        "else extracted from the google/flax git dir $FLAX_GIT_DIR)")
-    parser.add_argument("--peer_rows", type=int, default=0, help="the peer's rows of 64 a step (0: its size's, 20 small, 32 base)")
-    parser.add_argument("--peer_dtype", default="", help="the peer's compute dtype (default: float32, the example's on CPU)")
+    parser.add_argument(
+        "--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)"
+    )
+    parser.add_argument(
+        "--wmt_dir",
+        default="",
+        help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
+        "else extracted from the google/flax git dir $FLAX_GIT_DIR)",
+    )
+    parser.add_argument(
+        "--peer_rows", type=int, default=0, help="the peer's rows of 64 a step (0: its size's, 20 small, 32 base)"
+    )
+    parser.add_argument(
+        "--peer_dtype", default="", help="the peer's compute dtype (default: float32, the example's on CPU)"
+    )
     parser.add_argument("--sizes", nargs="*", default=list(SIZES))
-    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="ours (the peer runs float32, as on CPU)")
+    parser.add_argument(
+        "--dtypes", nargs="*", default=["float32", "bfloat16"], help="ours (the peer runs float32, as on CPU)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3, help="our timed steps per bucket shape per round")
     parser.add_argument("--peer_steps", type=int, default=0, help="the peer's timed steps (0: small 10, base 5)")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
-    parser.add_argument("--matmul_share", action="store_true", help="after the rounds, profile ours: its dots timed alone vs the step")
-    parser.add_argument("--variant", action="append", metavar="LABEL:PATH=VALUE,...",
-                        help="our config with these changes (repeatable; default: 'default:', the config as it is)")
+    parser.add_argument(
+        "--matmul_share", action="store_true", help="after the rounds, profile ours: its dots timed alone vs the step"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="LABEL:PATH=VALUE,...",
+        help="our config with these changes (repeatable; default: 'default:', the config as it is)",
+    )
     args = parser.parse_args()
     args.wmt_dir = flax_wmt_dir(args.wmt_dir)
     if not args.wmt_dir:
@@ -74,15 +104,23 @@ def main():
 
     rates = {d: matmul_flops_per_s(jax.numpy.dtype(d), clock=args.clock) for d in ["float32", *args.dtypes]}
     print(cpu_description())
-    print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}, ours {variants}; "
-          "matmul 2048^3: " + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items()), flush=True)
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}, ours {variants}; "
+        "matmul 2048^3: " + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items()),
+        flush=True,
+    )
     train, vocab = corpus_vocab(default.get_config())
     src_ids, tgt_ids = vocab.encode(list(train.src)), vocab.encode(list(train.tgt))
-    ours = {(s, v, d): Ours(our_config(s, d, variants[v]), vocab, src_ids, tgt_ids, args.reps)
-            for s in args.sizes for v, d in ours_rows}
+    ours = {
+        (s, v, d): Ours(our_config(s, d, variants[v]), vocab, src_ids, tgt_ids, args.reps)
+        for s in args.sizes
+        for v, d in ours_rows
+    }
     peer_model_flops = {s: peer_flops(ours[(s, *ours_rows[0])], SIZES[s][1]) for s in args.sizes}
 
-    print("\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | shapes | MFU | useful vs peer | slot vs peer |")
+    print(
+        "\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | shapes | MFU | useful vs peer | slot vs peer |"
+    )
     print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios = defaultdict(list)
     for r in range(args.rounds):
@@ -99,29 +137,57 @@ def main():
             peer = results["peer"]
             row = lambda side, d, step, slot, useful, fill, shapes, mfu, extra: print(
                 f"| {r + 1} | {size} | {side} | {d} | {step:.3f} | {slot:,.0f} | {useful:,.0f} | {fill:.3f} | {shapes} | {mfu:.0%} | {extra} |",
-                flush=True)
-            row("flax wmt", "float32", peer["median_s"], peer["slot_tok_s"], peer["useful_tok_s"], peer["target_nonpad"], 1,
-                peer_model_flops[size] / peer["median_s"] / rates["float32"], "1 | 1")
+                flush=True,
+            )
+            row(
+                "flax wmt",
+                "float32",
+                peer["median_s"],
+                peer["slot_tok_s"],
+                peer["useful_tok_s"],
+                peer["target_nonpad"],
+                1,
+                peer_model_flops[size] / peer["median_s"] / rates["float32"],
+                "1 | 1",
+            )
             for v, d in ours_rows:
                 o = results[v, d]
                 useful, slot = o["useful_tok_s"] / peer["useful_tok_s"], o["slot_tok_s"] / peer["slot_tok_s"]
                 ratios[size, v, d].append((useful, slot))
-                row(f"ours, {v}", d, o["step_s"], o["slot_tok_s"], o["useful_tok_s"], o["fill"], o["shapes"],
-                    o["flop_s"] / rates[d], f"{useful:.2f} | {slot:.2f}")
-    print("\n| size | ours | dtype | rounds | useful tok/s vs peer, median (each) | slot tok/s vs peer, median (each) |")
+                row(
+                    f"ours, {v}",
+                    d,
+                    o["step_s"],
+                    o["slot_tok_s"],
+                    o["useful_tok_s"],
+                    o["fill"],
+                    o["shapes"],
+                    o["flop_s"] / rates[d],
+                    f"{useful:.2f} | {slot:.2f}",
+                )
+    print(
+        "\n| size | ours | dtype | rounds | useful tok/s vs peer, median (each) | slot tok/s vs peer, median (each) |"
+    )
     print("|---|---|---|---:|---:|---:|")
     for (size, v, d), pairs in ratios.items():
         useful, slot = zip(*pairs)
         each = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
-        print(f"| {size} | {v} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
-              f"{statistics.median(slot):.2f} ({each(slot)}) |")
+        print(
+            f"| {size} | {v} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
+            f"{statistics.median(slot):.2f} ({each(slot)}) |"
+        )
     if args.matmul_share:
-        print("\n| size | ours | dtype | shape | step s | its dots alone, s | dots | dot share | dot GFLOP/s | rest of the step, s |")
+        print(
+            "\n| size | ours | dtype | shape | step s | its dots alone, s | dots | dot share | dot GFLOP/s | rest of the step, s |"
+        )
         print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
         for (size, v, d), o in ours.items():
             p = o.matmul_share(args.clock)
-            print(f"| {size} | {v} | {d} | {p['shape'][0]} x {p['shape'][1]} | {p['step_s']:.3f} | {p['dots_s']:.3f} | {p['dots']} | "
-                  f"{p['dots_s'] / p['step_s']:.0%} | {p['dot_flop_s'] / 1e9:.0f} | {p['step_s'] - p['dots_s']:.3f} |", flush=True)
+            print(
+                f"| {size} | {v} | {d} | {p['shape'][0]} x {p['shape'][1]} | {p['step_s']:.3f} | {p['dots_s']:.3f} | {p['dots']} | "
+                f"{p['dots_s'] / p['step_s']:.0%} | {p['dot_flop_s'] / 1e9:.0f} | {p['step_s'] - p['dots_s']:.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

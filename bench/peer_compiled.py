@@ -26,8 +26,8 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # read when JAX is imported: the host compiles, no GPU backend is tried
 
-from bench.lib import PEER_LENGTH, flax_wmt_dir, our_config, parse_variant, releases, run_json_script  # noqa: E402
-from training.run import aot, kernels  # noqa: E402
+from bench.lib import PEER_LENGTH, flax_wmt_dir, our_config, parse_variant, releases, run_json_script
+from training.run import aot, kernels
 
 KINDS = ("matmul", "reduction", "elementwise", "copy/transpose", "custom call", "collective")
 
@@ -44,9 +44,25 @@ def peer(args, target: aot.Target) -> dict:
     """The peer's train step compiled for `target`'s card (one GPU)."""
     with tempfile.TemporaryDirectory() as tmp:
         hlo = Path(tmp) / "peer.hlo"
-        out = run_json_script(args.peer_python, "bench.flax_wmt_step", [
-            "--wmt_dir", flax_wmt_dir(args.wmt_dir), "--size", args.size, "--batch", str(args.rows), "--dtype", args.dtype,
-            "--target_config", str(aot.GPU_TARGETS / target.chip.target_config), "--hlo_out", str(hlo)], clock="wall")
+        out = run_json_script(
+            args.peer_python,
+            "bench.flax_wmt_step",
+            [
+                "--wmt_dir",
+                flax_wmt_dir(args.wmt_dir),
+                "--size",
+                args.size,
+                "--batch",
+                str(args.rows),
+                "--dtype",
+                args.dtype,
+                "--target_config",
+                str(aot.GPU_TARGETS / target.chip.target_config),
+                "--hlo_out",
+                str(hlo),
+            ],
+            clock="wall",
+        )
         return {"hlo": hlo.read_text(), "temp_bytes": out["memory_bytes"]["temp"], "compile_s": out["compile_s"]}
 
 
@@ -54,20 +70,29 @@ def row(label: str, found: dict, reference: dict | None) -> str:
     p = found["profile"]
     kinds = " | ".join(str(p["by_kind"].get(k, 0)) for k in KINDS)
     f32 = p["dots"].get("f32 x f32", 0)
-    ratio = "" if reference is None else (f" | {p['kernels'] / reference['kernels']:.2f} "
-                                          f"| {p['roofline_us'] / reference['roofline_us']:.2f}")
-    return (f"| {label} | {p['kernels']:,} | {kinds} | {f32} | {p['bytes'] / 1e9:,.2f} | {p['flops'] / 1e12:,.2f} "
-            f"| {p['roofline_us'] / 1e3:,.2f} | {found['temp_bytes'] / 2**20:,.0f}{ratio or ' | 1.00 | 1.00'} |")
+    ratio = (
+        ""
+        if reference is None
+        else (f" | {p['kernels'] / reference['kernels']:.2f} | {p['roofline_us'] / reference['roofline_us']:.2f}")
+    )
+    return (
+        f"| {label} | {p['kernels']:,} | {kinds} | {f32} | {p['bytes'] / 1e9:,.2f} | {p['flops'] / 1e12:,.2f} "
+        f"| {p['roofline_us'] / 1e3:,.2f} | {found['temp_bytes'] / 2**20:,.0f}{ratio or ' | 1.00 | 1.00'} |"
+    )
 
 
 def kind_table(ours_profile: dict, peer_profile: dict) -> str:
     """Kernels and estimated ms by kind, ours against the peer's, largest difference in time first."""
-    kinds = sorted(set(ours_profile["by_kind"]) | set(peer_profile["by_kind"]),
-                   key=lambda k: -abs(ours_profile["us_by_kind"].get(k, 0) - peer_profile["us_by_kind"].get(k, 0)))
+    kinds = sorted(
+        set(ours_profile["by_kind"]) | set(peer_profile["by_kind"]),
+        key=lambda k: -abs(ours_profile["us_by_kind"].get(k, 0) - peer_profile["us_by_kind"].get(k, 0)),
+    )
     lines = ["| kind | kernels ours | kernels peer | est. ms ours | est. ms peer |", "|---|---:|---:|---:|---:|"]
     for k in kinds:
-        lines.append(f"| {k} | {ours_profile['by_kind'].get(k, 0)} | {peer_profile['by_kind'].get(k, 0)} "
-                     f"| {ours_profile['us_by_kind'].get(k, 0) / 1e3:.2f} | {peer_profile['us_by_kind'].get(k, 0) / 1e3:.2f} |")
+        lines.append(
+            f"| {k} | {ours_profile['by_kind'].get(k, 0)} | {peer_profile['by_kind'].get(k, 0)} "
+            f"| {ours_profile['us_by_kind'].get(k, 0) / 1e3:.2f} | {peer_profile['us_by_kind'].get(k, 0) / 1e3:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -79,7 +104,9 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=512, help="rows of 64 tokens a step (both sides)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--target", default="cuda:h100")
-    parser.add_argument("--variant", action="append", help="ours with config changes, LABEL:PATH=VALUE,... (repeatable)")
+    parser.add_argument(
+        "--variant", action="append", help="ours with config changes, LABEL:PATH=VALUE,... (repeatable)"
+    )
     parser.add_argument("--json", default="", help="also write the figures here")
     args = parser.parse_args(argv)
     target = aot.parse_target(args.target)
@@ -92,16 +119,22 @@ def main(argv=None):
         found[label] = ours(args.size, args.dtype, args.rows, target, overrides)
     for side in found.values():
         side["profile"] = kernels.profile(side.pop("hlo"), rates)
-    print(f"{args.size}, {args.dtype}, {args.rows} x {PEER_LENGTH} slots a step, train step compiled for {target.name} on this "
-          f"CPU (deviceless: before autotuning); roofline: bandwidth {rates.bandwidth / 1e12:.2f} TB/s, bf16 matrix "
-          f"{rates.matrix_flops['bf16'] / 1e12:.0f} TFLOP/s, f32 {rates.matrix_flops['f32'] / 1e12:.0f}{releases()}")
+    print(
+        f"{args.size}, {args.dtype}, {args.rows} x {PEER_LENGTH} slots a step, train step compiled for {target.name} on this "
+        f"CPU (deviceless: before autotuning); roofline: bandwidth {rates.bandwidth / 1e12:.2f} TB/s, bf16 matrix "
+        f"{rates.matrix_flops['bf16'] / 1e12:.0f} TFLOP/s, f32 {rates.matrix_flops['f32'] / 1e12:.0f}{releases()}"
+    )
     print()
-    print(f"| side | kernels | {' | '.join(KINDS)} | f32 x f32 dots | GB moved | TFLOP | roofline ms | temp MiB "
-          "| kernels / peer | roofline / peer |")
+    print(
+        f"| side | kernels | {' | '.join(KINDS)} | f32 x f32 dots | GB moved | TFLOP | roofline ms | temp MiB "
+        "| kernels / peer | roofline / peer |"
+    )
     print("|---|---:|" + "---:|" * (len(KINDS) + 7))
     print(row("Flax examples/wmt", found["peer"], None))
     for label in variants:
-        print(row(f"ours {label or 'default'}" if label != "default" else "ours", found[label], found["peer"]["profile"]))
+        print(
+            row(f"ours {label or 'default'}" if label != "default" else "ours", found[label], found["peer"]["profile"])
+        )
     print()
     print(kind_table(found["default"]["profile"], found["peer"]["profile"]))
     if args.json:

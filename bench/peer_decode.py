@@ -33,8 +33,18 @@ from training.data.corpus import load_corpus
 
 def run_peer_decode(args) -> dict:
     """The peer's beam search (`bench.flax_wmt_decode` under `args.peer_python`): its JSON line."""
-    cmd = ["--wmt_dir", args.wmt_dir, "--batch", str(args.batch), "--max_len", str(args.steps + 1),
-           "--batches", str(args.batches), "--beam", str(args.beam)]
+    cmd = [
+        "--wmt_dir",
+        args.wmt_dir,
+        "--batch",
+        str(args.batch),
+        "--max_len",
+        str(args.steps + 1),
+        "--batches",
+        str(args.batches),
+        "--beam",
+        str(args.beam),
+    ]
     cmd += ["--dtype", args.peer_dtype] if args.peer_dtype else []
     cmd += ["--toy"] if args.toy else []
     return run_json_script(args.peer_python, "bench.flax_wmt_decode", cmd, args.clock)
@@ -42,18 +52,30 @@ def run_peer_decode(args) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)")
-    parser.add_argument("--wmt_dir", default="", help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
-                        "else extracted from the google/flax git dir $FLAX_GIT_DIR)")
-    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="ours (the peer runs float32, as on CPU)")
+    parser.add_argument(
+        "--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)"
+    )
+    parser.add_argument(
+        "--wmt_dir",
+        default="",
+        help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
+        "else extracted from the google/flax git dir $FLAX_GIT_DIR)",
+    )
+    parser.add_argument(
+        "--dtypes", nargs="*", default=["float32", "bfloat16"], help="ours (the peer runs float32, as on CPU)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--steps", type=int, default=63, help="decode steps (the peer's max_len - 1)")
     parser.add_argument("--batches", type=int, default=3, help="timed batches a round, each side")
     parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--pad_to", type=int, default=0, help="pad our sources to this length (0: to their bucket, as translate does)")
+    parser.add_argument(
+        "--pad_to", type=int, default=0, help="pad our sources to this length (0: to their bucket, as translate does)"
+    )
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
-    parser.add_argument("--peer_dtype", default="", help="the peer's compute dtype (default: the example's preferred_dtype)")
+    parser.add_argument(
+        "--peer_dtype", default="", help="the peer's compute dtype (default: the example's preferred_dtype)"
+    )
     parser.add_argument("--toy", action="store_true", help="toy models both sides and a small vocabulary (a dry run)")
     args = parser.parse_args()
     args.wmt_dir = flax_wmt_dir(args.wmt_dir)
@@ -64,28 +86,39 @@ def main():
     _, vocab = corpus_vocab(config, *((2000, 500) if args.toy else ()))
     test = load_corpus(config, "test_2016_flickr")
     src_ids = vocab.encode(list(test.src[: args.batch * args.batches]))
-    ours = {d: OursDecode(d, vocab, src_ids, args.batch, args.steps, args.beam, args.pad_to, args.toy) for d in args.dtypes}
+    ours = {
+        d: OursDecode(d, vocab, src_ids, args.batch, args.steps, args.beam, args.pad_to, args.toy) for d in args.dtypes
+    }
     print(cpu_description())
-    print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}; batch {args.batch}, beam {args.beam}, "
-          f"{args.steps} steps; ours: test_2016_flickr sources 1-{len(src_ids)} (mean {np.mean([len(s) for s in src_ids]):.1f} "
-          f"tokens, padded to {args.pad_to or 'their bucket'}), rows whose best beam holds EOS: " + ", ".join(f"{d} {o.rows_with_eos}/{o.rows}" for d, o in ours.items()))
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}; batch {args.batch}, beam {args.beam}, "
+        f"{args.steps} steps; ours: test_2016_flickr sources 1-{len(src_ids)} (mean {np.mean([len(s) for s in src_ids]):.1f} "
+        f"tokens, padded to {args.pad_to or 'their bucket'}), rows whose best beam holds EOS: "
+        + ", ".join(f"{d} {o.rows_with_eos}/{o.rows}" for d, o in ours.items())
+    )
     print("\n| round | side | dtype | s a batch | sentences/s | vs peer |")
     print("|---:|---|---|---:|---:|---:|")
     ratios = {d: [] for d in args.dtypes}
     for r in range(args.rounds):
         results = {}
         print(f"<!-- round {r + 1}: load average {os.getloadavg()[0]:.2f} -->", flush=True)
-        for side in (["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]):
+        for side in ["ours", "peer"] if r % 2 == 0 else ["peer", "ours"]:
             if side == "peer":
                 results["peer"] = run_peer_decode(args)
             else:
                 results |= {d: o.seconds_per_batch(args.clock) for d, o in ours.items()}
         peer = results["peer"]
-        print(f"| {r + 1} | flax wmt (mean source {peer['mean_src_len']}) | {peer['dtype']} | {peer['median_s']:.3f} | "
-              f"{peer['sent_per_s']:.2f} | 1 |", flush=True)
+        print(
+            f"| {r + 1} | flax wmt (mean source {peer['mean_src_len']}) | {peer['dtype']} | {peer['median_s']:.3f} | "
+            f"{peer['sent_per_s']:.2f} | 1 |",
+            flush=True,
+        )
         for d in args.dtypes:
             ratios[d].append(peer["median_s"] / results[d])
-            print(f"| {r + 1} | ours | {d} | {results[d]:.3f} | {args.batch / results[d]:.2f} | {ratios[d][-1]:.2f} |", flush=True)
+            print(
+                f"| {r + 1} | ours | {d} | {results[d]:.3f} | {args.batch / results[d]:.2f} | {ratios[d][-1]:.2f} |",
+                flush=True,
+            )
     print("\n| ours dtype | rounds | sentences/s vs peer, median (each) |")
     print("|---|---:|---:|")
     for d, xs in ratios.items():

@@ -20,7 +20,9 @@ import sys
 
 if "--gpu" not in sys.argv:  # before JAX starts: the device count is fixed then
     # LLVM -O0: the collectives are placed by XLA's HLO passes, before the LLVM back end; it only compiles faster
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    )
 
 import jax
 import numpy as np
@@ -33,6 +35,7 @@ from training.parallel import trainers
 from training.run.aot import collectives
 from training.core import step as step_lib
 
+
 def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"):
     config = default.get_config()
     config.model.update(num_kv_heads=kv_heads, **SIZES[size][0])
@@ -44,18 +47,24 @@ def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"
 
 def state_bytes_per_device(state) -> int:
     """Bytes of the train state one device holds (for pmap: all of it)."""
+
     def nbytes(leaf):
         shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
         return int(np.prod(shape)) * leaf.dtype.itemsize
+
     return sum(nbytes(leaf) for leaf in jax.tree.leaves(state))
 
 
 def measure(config, devices, rows, length):
     """({collective: (count, bytes)}, state bytes per device) of the compiled step; the state is never computed."""
     model = Transformer(config_lib.model_config(config, config.data.vocab_size))
-    trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer, config.num_train_steps), devices)
+    trainer = trainers.make_trainer(
+        config, model, step_lib.make_optimizer(config.optimizer, config.num_train_steps), devices
+    )
     batch = synthetic_batch(rows, length, config.data.vocab_size)
-    arrays = trainer.put_batch({"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights})
+    arrays = trainer.put_batch(
+        {"src": batch.src, "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out, "weights": batch.weights}
+    )
     if config.parallelism == "jit":
         state = trainer.abstract_state(jax.random.key(0), batch)
         per_device = state_bytes_per_device(state)
@@ -76,13 +85,19 @@ def meshes(max_devices, num_heads):
 
 def cpu_tables(args):
     devices = jax.devices()
-    rows = [f"jax {jax.__version__}, {len(devices)} fake CPU devices; size {args.size} ({SIZES[args.size][0]}), "
-            f"vocab {default.get_config().data.vocab_size}, global batch {args.rows} x {args.length}, float32", ""]
+    rows = [
+        f"jax {jax.__version__}, {len(devices)} fake CPU devices; size {args.size} ({SIZES[args.size][0]}), "
+        f"vocab {default.get_config().data.vocab_size}, global batch {args.rows} x {args.length}, float32",
+        "",
+    ]
     for kv_heads, shard_embeddings in args.variants:
         heads = SIZES[args.size][0]["num_heads"]
-        rows += [f"### {heads} query heads, {kv_heads or heads} K/V heads, embeddings {'split over model' if shard_embeddings else 'replicated'}", "",
-                 "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather | reduce-scatter | other | total MB | vs model=1 |",
-                 "|---:|---|---:|---:|---|---|---|---|---:|---:|"]
+        rows += [
+            f"### {heads} query heads, {kv_heads or heads} K/V heads, embeddings {'split over model' if shard_embeddings else 'replicated'}",
+            "",
+            "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather | reduce-scatter | other | total MB | vs model=1 |",
+            "|---:|---|---:|---:|---|---|---|---|---:|---:|",
+        ]
         reference = {}
         for n, data, model in meshes(len(devices), heads):
             if (kv_heads, shard_embeddings) != args.variants[0] and n != len(devices):
@@ -92,19 +107,24 @@ def cpu_tables(args):
             total = sum(b for _, b in found.values())
             reference.setdefault(n, total)
             other = [found[op] for op in ("all-to-all", "collective-permute")]
-            cell = lambda c, b: f"{c} / {b / 2**20:.2f} MB" if c else "0"  # noqa: E731
+            cell = lambda c, b: f"{c} / {b / 2**20:.2f} MB" if c else "0"
             ratio = f"{total / reference[n]:.2f}x" if reference[n] else "-"
-            rows.append(f"| {n} | {data} x {model} | {-(-args.rows // data)} | {state_bytes / 2**20:.1f} | "
-                        f"{cell(*found['all-reduce'])} | {cell(*found['all-gather'])} | {cell(*found['reduce-scatter'])} | "
-                        f"{cell(sum(c for c, _ in other), sum(b for _, b in other))} | {total / 2**20:.2f} | {ratio} |")
+            rows.append(
+                f"| {n} | {data} x {model} | {-(-args.rows // data)} | {state_bytes / 2**20:.1f} | "
+                f"{cell(*found['all-reduce'])} | {cell(*found['all-gather'])} | {cell(*found['reduce-scatter'])} | "
+                f"{cell(sum(c for c, _ in other), sum(b for _, b in other))} | {total / 2**20:.2f} | {ratio} |"
+            )
             print(rows[-1], file=sys.stderr, flush=True)
         rows.append("")
     if args.pmap:
         config = make_config(args.size, 1, 1, None, False, parallelism="pmap")
         found, state_bytes = measure(config, devices, args.rows, args.length)
         total = sum(b for _, b in found.values())
-        rows += [f"pmap over {len(devices)} devices (parallelism='pmap', MHA): all-reduce {found['all-reduce'][0]} ops / "
-                 f"{found['all-reduce'][1] / 2**20:.2f} MB, all collectives {total / 2**20:.2f} MB, state {state_bytes / 2**20:.1f} MB / device", ""]
+        rows += [
+            f"pmap over {len(devices)} devices (parallelism='pmap', MHA): all-reduce {found['all-reduce'][0]} ops / "
+            f"{found['all-reduce'][1] / 2**20:.2f} MB, all collectives {total / 2**20:.2f} MB, state {state_bytes / 2**20:.1f} MB / device",
+            "",
+        ]
     return "\n".join(rows)
 
 
@@ -131,8 +151,12 @@ def gpu_table(args):
     device = jax.devices()[0]
     results = {impl: seconds(impl) for impl in ("xla", "cudnn")}
     tokens = args.gpu_rows * args.length
-    lines = [f"jax {jax.__version__}, {device.device_kind}; base size, bfloat16 compute, batch {args.gpu_rows} x {args.length}", "",
-             "| attention | step ms | target tokens/s | vs xla |", "|---|---:|---:|---:|"]
+    lines = [
+        f"jax {jax.__version__}, {device.device_kind}; base size, bfloat16 compute, batch {args.gpu_rows} x {args.length}",
+        "",
+        "| attention | step ms | target tokens/s | vs xla |",
+        "|---|---:|---:|---:|",
+    ]
     for impl, s in results.items():
         lines.append(f"| {impl} | {s * 1e3:.1f} | {tokens / s:,.0f} | {results['xla'] / s:.2f}x |")
     return "\n".join(lines)
@@ -145,7 +169,9 @@ def main():
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--no-pmap", dest="pmap", action="store_false")
     parser.add_argument("--gpu", action="store_true", help="time one GPU instead (needs a GPU)")
-    parser.add_argument("--gpu-rows", type=int, default=384, help="~25k target tokens at length 64, as Vaswani's batches")
+    parser.add_argument(
+        "--gpu-rows", type=int, default=384, help="~25k target tokens at length 64, as Vaswani's batches"
+    )
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     # (kv heads, shard_embeddings): MHA; MHA with split embeddings; MQA (one K/V head, never split)

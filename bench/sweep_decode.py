@@ -44,8 +44,12 @@ def main():
     parser.add_argument("workdirs", nargs="+", help="trained workdirs; the first is the reference")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=64, help="sources in the timed batch (the sweep's 64)")
-    parser.add_argument("--max_extra_length", type=int, default=evaluate.SPEED_EXTRA_LENGTH,
-                        help="output cap: source bucket + this many tokens (default: the sweep tables' cap)")
+    parser.add_argument(
+        "--max_extra_length",
+        type=int,
+        default=evaluate.SPEED_EXTRA_LENGTH,
+        help="output cap: source bucket + this many tokens (default: the sweep tables' cap)",
+    )
     args = parser.parse_args()
     if len(args.workdirs) < 2:
         parser.error(f"workdirs: got {len(args.workdirs)}; expected at least 2 to compare")
@@ -56,11 +60,15 @@ def main():
     config = runs[0].config
     dev = load_corpus(config, config.data.eval_split)
     print(cpu_description())
-    print(f"jax {jax.__version__}, {jax.default_backend()}, wall clock; {config.data.eval_split} sources 1-{args.rows}, "
-          f"output cap bucket + {args.max_extra_length}, median of 3 timed decodes after a warm-up, "
-          "per workdir and round\n")
-    print("| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy steps | beam-4 steps "
-          "| greedy ms/step | beam-4 ms/step | greedy tok/s vs first | beam-4 tok/s vs first | greedy ms/step vs first | beam-4 ms/step vs first |")
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}, wall clock; {config.data.eval_split} sources 1-{args.rows}, "
+        f"output cap bucket + {args.max_extra_length}, median of 3 timed decodes after a warm-up, "
+        "per workdir and round\n"
+    )
+    print(
+        "| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy steps | beam-4 steps "
+        "| greedy ms/step | beam-4 ms/step | greedy tok/s vs first | beam-4 tok/s vs first | greedy ms/step vs first | beam-4 ms/step vs first |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sources = [run.vocab.encode(list(dev.src[: args.rows])) for run in runs]
     measures = {"tok/s": lambda m, beam: m[f"decode_tokens_per_s_beam{beam}"], "ms/step": ms_per_step}
@@ -70,10 +78,17 @@ def main():
         measured = {}
         for i in order:
             run = runs[i]
-            measured[i] = evaluate.decoding_speed(run.model, run.params, sources[i], run.config.data.bucket_lengths,
-                                                  max_extra_length=args.max_extra_length)
-        values = {i: {(what, name): f(m, beam) for what, f in measures.items() for name, beam in BEAMS.items()}
-                  for i, m in measured.items()}
+            measured[i] = evaluate.decoding_speed(
+                run.model,
+                run.params,
+                sources[i],
+                run.config.data.bucket_lengths,
+                max_extra_length=args.max_extra_length,
+            )
+        values = {
+            i: {(what, name): f(m, beam) for what, f in measures.items() for name, beam in BEAMS.items()}
+            for i, m in measured.items()
+        }
         for i, (workdir, run) in enumerate(zip(args.workdirs, runs)):
             m, own = measured[i], values[i]
             vs = {key: value / values[0][key] for key, value in own.items()}
@@ -84,14 +99,19 @@ def main():
             cells += [f"{m[f'decode_steps_beam{b}']}" for b in BEAMS.values()]
             cells += [f"{own[('ms/step', name)]:.2f}" for name in BEAMS]
             cells += [f"{ratio:.2f}" for ratio in vs.values()]
-            print(f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} | {m['kv_cache_bytes_per_token']:,.0f} | "
-                  f"{' | '.join(cells)} |", flush=True)
+            print(
+                f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} | {m['kv_cache_bytes_per_token']:,.0f} | "
+                f"{' | '.join(cells)} |",
+                flush=True,
+            )
     header = " | ".join(f"{name} {what} vs first" for what in measures for name in BEAMS)
     print(f"\nMedian (each round) against {args.workdirs[0]}:\n\n| workdir | {header} |")
     print("|---|" + "---:|" * len(measures) * len(BEAMS))
     for workdir in args.workdirs[1:]:
-        cells = [f"**{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"
-                 for xs in (ratios[(workdir, what, name)] for what in measures for name in BEAMS)]
+        cells = [
+            f"**{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"
+            for xs in (ratios[(workdir, what, name)] for what in measures for name in BEAMS)
+        ]
         print(f"| {workdir} | {' | '.join(cells)} |")
 
 

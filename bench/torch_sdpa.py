@@ -35,7 +35,8 @@ def main():
     make = lambda heads: torch.from_numpy(rng.standard_normal((B, heads, N, D), np.float32)).to(dtype)
     q, k, v, cotangent = make(H), make(G), make(G), make(H)
     sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, is_causal=args.causal, enable_gqa=G != H)
+        q, k, v, is_causal=args.causal, enable_gqa=G != H
+    )
 
     def forward():
         with torch.no_grad():
@@ -45,11 +46,15 @@ def main():
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         torch.autograd.grad((sdpa(*leaves) * cotangent).sum(), leaves)
 
-    print(json.dumps({
-        "forward_ms": median_ms(forward, args.reps, clock=args.clock),
-        "forward_backward_ms": median_ms(forward_backward, args.reps, clock=args.clock),
-        "torch": torch.__version__,
-    }))
+    print(
+        json.dumps(
+            {
+                "forward_ms": median_ms(forward, args.reps, clock=args.clock),
+                "forward_backward_ms": median_ms(forward_backward, args.reps, clock=args.clock),
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

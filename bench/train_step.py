@@ -30,14 +30,26 @@ from training.core import step as step_lib
 def bench(size: str, dtype: str, reps: int):
     """(parameters, rows, length, median step seconds, XLA's FLOPs a step, the reference's steps/s) at `size`, `dtype`."""
     sizes, rows, length, ref_steps = SIZES[size]
-    config = TransformerConfig(vocab_size=VOCAB, dtype=jnp.dtype(dtype), max_len=length, dropout_rate=0.1,
-                               **backends.model_hooks("auto", jnp.dtype(dtype)), **sizes)
+    config = TransformerConfig(
+        vocab_size=VOCAB,
+        dtype=jnp.dtype(dtype),
+        max_len=length,
+        dropout_rate=0.1,
+        **backends.model_hooks("auto", jnp.dtype(dtype)),
+        **sizes,
+    )
     model = Transformer(config)
     batch = as_arrays(synthetic_batch(rows, length, VOCAB))
-    opt = ml_collections.ConfigDict(dict(schedule="rsqrt", learning_rate=1e-3, warmup_steps=100, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0))
-    state = jax.jit(lambda: step_lib.train_state.TrainState.create(
-        apply_fn=model.apply, params=model.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"],
-        tx=step_lib.make_optimizer(opt, 1000)))()
+    opt = ml_collections.ConfigDict(
+        dict(schedule="rsqrt", learning_rate=1e-3, warmup_steps=100, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0)
+    )
+    state = jax.jit(
+        lambda: step_lib.train_state.TrainState.create(
+            apply_fn=model.apply,
+            params=model.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"],
+            tx=step_lib.make_optimizer(opt, 1000),
+        )
+    )()
     step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
     flops = compiled_flops(step.lower(state, batch, jax.random.key(1)))
     seconds = median_seconds(lambda s: step(s, batch, jax.random.key(1))[1]["loss"], (state,), reps)
@@ -53,9 +65,14 @@ def main():
     args = parser.parse_args()
     rates = {d: matmul_flops_per_s(jnp.dtype(d)) for d in args.dtypes}
     print(cpu_description())  # the CPU, the releases and the lock
-    print(f"jax {jax.__version__}, {jax.default_backend()}; matmul 2048^3: "
-          + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items()) + "\n")
-    print("| size | params | compute dtype | batch (rows x len) | step s | target slot tokens/s | steps/s vs reference | GFLOP/step | MFU |")
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}; matmul 2048^3: "
+        + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items())
+        + "\n"
+    )
+    print(
+        "| size | params | compute dtype | batch (rows x len) | step s | target slot tokens/s | steps/s vs reference | GFLOP/step | MFU |"
+    )
     print("|---|---:|---|---|---:|---:|---:|---:|---:|")
     for size in args.sizes:
         for dtype in args.dtypes:

@@ -17,14 +17,19 @@ SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = (D_V // 4, D_V // 2, D_V)
 SWEEP_REFERENCE = D_V  # d_k = d_v: the h = 8 point of rows A
 SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
-SWEEP_SHARED_REFERENCE = ("heads", 8)  # the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied, not retrained
+SWEEP_SHARED_REFERENCE = (
+    "heads",
+    8,
+)  # the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied, not retrained
 
 
 @table3_preset.takes_packed
 def get_config(arg: str | None = None):
     key, _, value = (arg or f"dk={D_V}").partition("=")
     if key != "dk" or not value.isdigit() or int(value) < 1:
-        raise ValueError(f"configs/ablation_dk.py takes the argument dk=<positive query/key width per head>, got {arg!r}")
+        raise ValueError(
+            f"configs/ablation_dk.py takes the argument dk=<positive query/key width per head>, got {arg!r}"
+        )
     config = table3_preset.apply(default.get_config("h=8"))
     config.model.head_dim = int(value)
     config.model.v_head_dim = D_V

@@ -20,8 +20,14 @@ def get_config(arg: str | None = None):
     config.eval_every_steps = 5000
     config.checkpoint_every_steps = 2000
     config.data.update(
-        dataset="wmt14_translate/de-en", dir="", src="en", tgt="de", train_split="train",
-        eval_split="validation", vocab_size=32_000, token_budget=25_000,
+        dataset="wmt14_translate/de-en",
+        dir="",
+        src="en",
+        tgt="de",
+        train_split="train",
+        eval_split="validation",
+        vocab_size=32_000,
+        token_budget=25_000,
         bucket_lengths=(16, 24, 32, 48, 64, 96, 128, 192, 256),
         pack_length=0,  # buckets up to 256 tokens: packing was measured on Multi30k only, where 64 holds every pair
     )

@@ -18,9 +18,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every_steps = 500  # dev loss, perplexity and greedy BLEU
     config.checkpoint_every_steps = 500  # orbax checkpoint of the full train state
     config.max_train_seconds = 0.0  # wall-clock budget of one invocation (0: none); then evaluate, save, stop
-    config.compilation_cache_dir = "auto"  # JAX's persistent cache: 'auto' ($XDG_CACHE_HOME or ~/.cache)/headcount/jax, '' none, or a path
+    config.compilation_cache_dir = (
+        "auto"  # JAX's persistent cache: 'auto' ($XDG_CACHE_HOME or ~/.cache)/headcount/jax, '' none, or a path
+    )
     config.keep_checkpoints = 3  # latest checkpoints kept (the best by dev loss is kept apart)
-    config.divergence_factor = 10.0  # stop when a step's loss > this x the lowest running train loss (0: only non-finite)
+    config.divergence_factor = (
+        10.0  # stop when a step's loss > this x the lowest running train loss (0: only non-finite)
+    )
 
     config.data = ml_collections.ConfigDict()
     config.data.dataset = "multi30k"  # 'multi30k' or a tfds name such as 'wmt14_translate/de-en'
@@ -42,7 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.num_heads = 4
     config.model.num_kv_heads = ml_collections.FieldReference(None, field_type=int)  # None: = num_heads
     config.model.head_dim = ml_collections.FieldReference(None, field_type=int)  # None: d_model // num_heads
-    config.model.v_head_dim = ml_collections.FieldReference(None, field_type=int)  # value width per head (None: head_dim)
+    config.model.v_head_dim = ml_collections.FieldReference(
+        None, field_type=int
+    )  # value width per head (None: head_dim)
     config.model.num_layers = 3  # encoder layers, and again decoder layers
     config.model.mlp_dim = 1024
     config.model.dropout_rate = 0.1
@@ -55,12 +61,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.max_len = 256
     config.model.dtype = "auto"  # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster (training/core/precision.py)
     config.model.attention_impl = "vmap"
-    config.model.attention_type = "softmax"  # or a member of attention.family.ATTENTION_TYPES: linformer, performer, entmax, span, mla, ...
-    config.model.attention_options = ""  # the member's settings as 'key=value,...', e.g. 'projected_length=32' (attention.family.options_of)
-    config.model.matmul = "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major on XLA:CPU, xla elsewhere
+    config.model.attention_type = (
+        "softmax"  # or a member of attention.family.ATTENTION_TYPES: linformer, performer, entmax, span, mla, ...
+    )
+    config.model.attention_options = (
+        ""  # the member's settings as 'key=value,...', e.g. 'projected_length=32' (attention.family.options_of)
+    )
+    config.model.matmul = (
+        "auto"  # 'xla', 'row_major' (backends/xla_cpu_bf16.py), 'auto': row_major on XLA:CPU, xla elsewhere
+    )
 
     config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.schedule = "rsqrt"  # 'rsqrt': Vaswani's inverse square root; 'cosine': warm-up, then cosine to 0 at num_train_steps
+    config.optimizer.schedule = (
+        "rsqrt"  # 'rsqrt': Vaswani's inverse square root; 'cosine': warm-up, then cosine to 0 at num_train_steps
+    )
     config.optimizer.learning_rate = 2e-3  # peak of the schedule
     config.optimizer.warmup_steps = 500
     config.optimizer.b1 = 0.9
@@ -82,8 +96,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.mesh.shard_embeddings = False  # split the embedding table over `model` by vocabulary (else replicated)
 
     config.distributed = ml_collections.ConfigDict()
-    config.distributed.initialize = "auto"  # jax.distributed: 'auto' (coordinator set, or a SLURM job of >1 task), 'always' (TPU pods), 'never'
-    config.distributed.coordinator_address = ""  # 'host:port' of process 0 ('': $JAX_COORDINATOR_ADDRESS or JAX's detection)
+    config.distributed.initialize = (
+        "auto"  # jax.distributed: 'auto' (coordinator set, or a SLURM job of >1 task), 'always' (TPU pods), 'never'
+    )
+    config.distributed.coordinator_address = (
+        ""  # 'host:port' of process 0 ('': $JAX_COORDINATOR_ADDRESS or JAX's detection)
+    )
     config.distributed.num_processes = 0  # 0: from the environment (SLURM, Cloud TPU)
     config.distributed.process_id = -1  # -1: from the environment
 

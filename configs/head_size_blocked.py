@@ -26,7 +26,11 @@ SWEEP_KEY = "shape"
 SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_FIRST_SEED = 10  # seeds 10-14: fresh data orders and initialisations (the earlier sweeps used 0-4)
 SHAPES = {  # (heads, d_k, d_v)
-    "h8_dk32": (8, 32, 32), "h8_dk8": (8, 8, 8), "h32_dk8": (32, 8, 8), "h32_dk16": (32, 16, 16), "h8_dk32_dv8": (8, 32, 8),
+    "h8_dk32": (8, 32, 32),
+    "h8_dk8": (8, 8, 8),
+    "h32_dk8": (32, 8, 8),
+    "h32_dk16": (32, 16, 16),
+    "h8_dk32_dv8": (8, 32, 8),
 }
 SWEEP_VALUES = tuple(SHAPES)
 SWEEP_REFERENCE = "h8_dk32"

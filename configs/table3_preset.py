@@ -34,10 +34,15 @@ STUDY_NAME = "table3_study"
 STUDY_TITLE = "Table 3 as one study"
 STUDY = (
     *(("heads", 8, h) for h in (1, 2, 4, 16, 32)),
-    ("dk", 32, 8), ("dk", 32, 16),
+    ("dk", 32, 8),
+    ("dk", 32, 16),
     *(("kv", 8, kv) for kv in (4, 2, 1)),
-    ("head_size", "h8_dk32", "h8_dk8"), ("head_size", "h8_dk8", "h32_dk8"), ("head_size", "h32_dk8", "h32_dk16"),
-    ("heads_budget", "h8_8000", "h32_8000"), ("heads_budget", "h8_4000", "h8_8000"), ("heads_budget", "h32_4000", "h32_8000"),
+    ("head_size", "h8_dk32", "h8_dk8"),
+    ("head_size", "h8_dk8", "h32_dk8"),
+    ("head_size", "h32_dk8", "h32_dk16"),
+    ("heads_budget", "h8_8000", "h32_8000"),
+    ("heads_budget", "h8_4000", "h8_8000"),
+    ("heads_budget", "h32_4000", "h32_8000"),
 )
 
 

@@ -51,8 +51,10 @@ def pair_token(vocab: dict, key, value):
 def make_batch(rng: np.random.Generator, vocab: dict, rows: int, length: int, pairs: int, queries: int):
     """tokens `[rows, length]` int32, targets `[rows, length]` (the value at each query, 0 elsewhere), query mask."""
     if pairs + queries > length or pairs > len(vocab["keys"]):
-        raise ValueError(f"length = {length}, pairs = {pairs}, queries = {queries}: need pairs + queries <= length "
-                         f"and pairs <= {len(vocab['keys'])} keys")
+        raise ValueError(
+            f"length = {length}, pairs = {pairs}, queries = {queries}: need pairs + queries <= length "
+            f"and pairs <= {len(vocab['keys'])} keys"
+        )
     tokens = rng.choice(vocab["noise"], size=(rows, length))
     targets = np.zeros((rows, length), np.int32)
     for r in range(rows):
@@ -72,7 +74,7 @@ def train_and_score(attention_type: str, args, vocab: dict) -> dict:
         options["max_span"] = args.length
     model = member_encoder(attention_type, options, vocab["size"], args.length)
     data = np.random.default_rng(args.seed)  # the same rows, in the same order, for every member
-    batch = lambda rows: make_batch(data, vocab, rows, args.length, args.pairs, args.queries)  # noqa: E731
+    batch = lambda rows: make_batch(data, vocab, rows, args.length, args.pairs, args.queries)
     tokens, _, _ = batch(1)
     params = jax.jit(model.init)(jax.random.key(args.seed), tokens)
     params, losses, seconds = fit(model, params, lambda: batch(args.batch), args.steps, args.learning_rate)
@@ -91,18 +93,26 @@ def main():
     parser.add_argument("--learning_rate", type=float, default=3e-3)
     parser.add_argument("--eval_rows", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--types", nargs="*", default=[t for t in family.ATTENTION_TYPES if t != "mla"],
-                        help="members to train (mla's attention is exact: its gain is the cache)")
+    parser.add_argument(
+        "--types",
+        nargs="*",
+        default=[t for t in family.ATTENTION_TYPES if t != "mla"],
+        help="members to train (mla's attention is exact: its gain is the cache)",
+    )
     args = parser.parse_args()
     vocab = vocabulary(num_keys=args.keys, num_values=args.keys, num_noise=16)
-    print(f"MQAR: N = {args.length}, {args.pairs} pairs, {args.queries} queries, {args.steps} steps of "
-          f"{args.batch} rows, seed {args.seed}; chance = 1/{args.keys}\n")
+    print(
+        f"MQAR: N = {args.length}, {args.pairs} pairs, {args.queries} queries, {args.steps} steps of "
+        f"{args.batch} rows, seed {args.seed}; chance = 1/{args.keys}\n"
+    )
     print("| attention_type | query accuracy | final train loss | train CPU s |")
     print("|---|---:|---:|---:|")
     for attention_type in args.types:
         result = train_and_score(attention_type, args, vocab)
-        print(f"| {attention_type} | {result['accuracy']:.3f} | {result['final_loss']:.3f} | {result['seconds']:.0f} |",
-              flush=True)
+        print(
+            f"| {attention_type} | {result['accuracy']:.3f} | {result['final_loss']:.3f} | {result['seconds']:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

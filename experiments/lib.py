@@ -62,14 +62,20 @@ class Encoder(nn.Module):
             x = x * WIDTH**0.5 + sinusoidal_positions(self.length, WIDTH)[None]
         for i in range(LAYERS):
             x = x + attention.MultiHeadAttention(
-                num_heads=HEADS, attention_type=self.attention_type, attention_options=self.attention_options,
-                impl=self.impl, name=f"attention_{i}")(nn.LayerNorm()(x))
+                num_heads=HEADS,
+                attention_type=self.attention_type,
+                attention_options=self.attention_options,
+                impl=self.impl,
+                name=f"attention_{i}",
+            )(nn.LayerNorm()(x))
             h = nn.Dense(4 * WIDTH)(nn.LayerNorm()(x))
             x = x + nn.Dense(WIDTH)(nn.gelu(h))
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
 
 
-def member_encoder(attention_type: str, options: dict, vocab_size: int, length: int, positions: str = "learned") -> Encoder:
+def member_encoder(
+    attention_type: str, options: dict, vocab_size: int, length: int, positions: str = "learned"
+) -> Encoder:
     """The encoder with `attention_type` set by `options` (as `member_options` gives them)."""
     options = dict(options)
     impl = options.pop("impl", "vmap")  # a layer setting, which the layer passes on to the member
@@ -93,7 +99,7 @@ def fit(model: Encoder, params, next_batch, steps: int, learning_rate: float, lr
     optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, learning_rate, steps // 10, steps))
     opt_state = optimizer.init(params)
     scales = lr_scales or {}
-    scale = lambda path, update: update * scales.get(getattr(path[-1], "key", None), 1.0)  # noqa: E731
+    scale = lambda path, update: update * scales.get(getattr(path[-1], "key", None), 1.0)
 
     @jax.jit
     def step(params, opt_state, tokens, targets, scored):
@@ -128,4 +134,4 @@ def evaluate(model: Encoder, params, batches) -> dict:
 
 def final_loss(losses) -> float:
     """The mean training loss over the last twentieth of the steps (one step's loss is noisy)."""
-    return float(np.mean(losses[-max(1, len(losses) // 20):]))
+    return float(np.mean(losses[-max(1, len(losses) // 20) :]))

@@ -76,8 +76,10 @@ def eval_batches(rows: np.ndarray, args, mask_id: int) -> list:
     """The scored batches of one split: every row masked `args.eval_masks` times, the same draws for every run."""
     rng = np.random.default_rng(0)
     masked = [mask_rows(rng, rows, args.mask_rate, mask_id) for _ in range(args.eval_masks)]
-    return [tuple(np.concatenate([m[i] for m in masked])[s : s + args.batch] for i in range(3))
-            for s in range(0, len(rows) * args.eval_masks, args.batch)]
+    return [
+        tuple(np.concatenate([m[i] for m in masked])[s : s + args.batch] for i in range(3))
+        for s in range(0, len(rows) * args.eval_masks, args.batch)
+    ]
 
 
 def train_and_score(name: str, options: dict, streams: dict, args, vocab_size: int) -> dict:
@@ -86,8 +88,12 @@ def train_and_score(name: str, options: dict, streams: dict, args, vocab_size: i
     mask_id = vocab_size - 1
     model = member_encoder(attention_type, options, vocab_size, args.length, positions="sinusoidal")
     data = np.random.default_rng(args.seed)  # the same rows and masks, in the same order, for every setting
-    batch = lambda: mask_rows(data, train_rows(data, streams["train"], args.batch, args.length),  # noqa: E731
-                              args.mask_rate, mask_id)
+    batch = lambda: mask_rows(
+        data,
+        train_rows(data, streams["train"], args.batch, args.length),
+        args.mask_rate,
+        mask_id,
+    )
     params = jax.jit(model.init)(jax.random.key(args.seed), np.zeros((1, args.length), np.int32))
     scales = {} if name == "softmax" else {"E": args.projection_lr_scale, "F": args.projection_lr_scale}
     params, losses, seconds = fit(model, params, batch, args.steps, args.learning_rate, scales)
@@ -100,8 +106,13 @@ def train_and_score(name: str, options: dict, streams: dict, args, vocab_size: i
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--projected_lengths", type=int, nargs="*", default=[128],
-                        help="Linformer's k, one row each (beside exact softmax)")
+    parser.add_argument(
+        "--projected_lengths",
+        type=int,
+        nargs="*",
+        default=[128],
+        help="Linformer's k, one row each (beside exact softmax)",
+    )
     parser.add_argument("--language", default="en")
     parser.add_argument("--vocab_size", type=int, default=128)
     parser.add_argument("--mask_rate", type=float, default=0.15)
@@ -110,13 +121,24 @@ def main():
     parser.add_argument("--learning_rate", type=float, default=3e-3)
     parser.add_argument("--eval_masks", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--projection_init", default="uniform", choices=["uniform", "pooling"],
-                        help="Linformer's E and F at the start: noise (the reference's) or window means "
-                             "(the identity at k = N)")
-    parser.add_argument("--projection_lr_scale", type=float, default=1.0,
-                        help="Linformer's E and F learn at this times the learning rate (0: fixed at their init)")
-    parser.add_argument("--softmax", action=argparse.BooleanOptionalAction, default=True,
-                        help="train the exact-softmax row (--no-softmax: only the Linformer rows, e.g. on another core)")
+    parser.add_argument(
+        "--projection_init",
+        default="uniform",
+        choices=["uniform", "pooling"],
+        help="Linformer's E and F at the start: noise (the reference's) or window means (the identity at k = N)",
+    )
+    parser.add_argument(
+        "--projection_lr_scale",
+        type=float,
+        default=1.0,
+        help="Linformer's E and F learn at this times the learning rate (0: fixed at their init)",
+    )
+    parser.add_argument(
+        "--softmax",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train the exact-softmax row (--no-softmax: only the Linformer rows, e.g. on another core)",
+    )
     args = parser.parse_args()
     if not 0 < args.mask_rate < 1:
         raise ValueError(f"--mask_rate must be in (0, 1), got {args.mask_rate}")
@@ -125,27 +147,42 @@ def main():
     if args.projection_lr_scale < 0:
         parser.error(f"--projection_lr_scale must be >= 0, got {args.projection_lr_scale}")
     other = "de" if args.language != "de" else "en"
-    text = {split: load_multi30k(default_multi30k_dir(), split, other, args.language).tgt
-            for split in ("train", *EVAL_SPLITS)}
+    text = {
+        split: load_multi30k(default_multi30k_dir(), split, other, args.language).tgt
+        for split in ("train", *EVAL_SPLITS)
+    }
     vocab = tokenizer.load(tokenizer.train(text["train"], args.vocab_size, seed=0))
     streams = {split: token_stream(vocab, sentences) for split, sentences in text.items()}
     vocab_size = vocab.get_piece_size() + 1  # the last id is [MASK]
     settings = {"softmax": {}} if args.softmax else {}
     for k in args.projected_lengths:
-        name = (f"linformer k = {k}" + ("" if args.projection_init == "uniform" else f", {args.projection_init} init")
-                + ("" if args.projection_lr_scale == 1 else f", E/F lr × {args.projection_lr_scale:g}"))
-        settings[name] = {**member_options("linformer", args.length), "projected_length": k,
-                          "projection_init": args.projection_init}
-    print(f"Masked LM on Multi30k {args.language}: N = {args.length}, vocabulary {vocab_size}, "
-          f"{len(streams['train']):,} train tokens, {args.steps} steps of {args.batch} rows, "
-          f"mask rate {args.mask_rate}, seed {args.seed}\n")
-    print("| attention | val masked PPL | val accuracy | test masked PPL | test accuracy | final train loss | train CPU s |")
+        name = (
+            f"linformer k = {k}"
+            + ("" if args.projection_init == "uniform" else f", {args.projection_init} init")
+            + ("" if args.projection_lr_scale == 1 else f", E/F lr × {args.projection_lr_scale:g}")
+        )
+        settings[name] = {
+            **member_options("linformer", args.length),
+            "projected_length": k,
+            "projection_init": args.projection_init,
+        }
+    print(
+        f"Masked LM on Multi30k {args.language}: N = {args.length}, vocabulary {vocab_size}, "
+        f"{len(streams['train']):,} train tokens, {args.steps} steps of {args.batch} rows, "
+        f"mask rate {args.mask_rate}, seed {args.seed}\n"
+    )
+    print(
+        "| attention | val masked PPL | val accuracy | test masked PPL | test accuracy | final train loss | train CPU s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, options in settings.items():
         r = train_and_score(name, options, streams, args, vocab_size)
         val, test = r["val"], r["test_2016_flickr"]
-        print(f"| {name} | {np.exp(val['loss']):.3f} | {val['accuracy']:.4f} | {np.exp(test['loss']):.3f} | "
-              f"{test['accuracy']:.4f} | {r['final_loss']:.4f} | {r['seconds']:.0f} |", flush=True)
+        print(
+            f"| {name} | {np.exp(val['loss']):.3f} | {val['accuracy']:.4f} | {np.exp(test['loss']):.3f} | "
+            f"{test['accuracy']:.4f} | {r['final_loss']:.4f} | {r['seconds']:.0f} |",
+            flush=True,
+        )
     print(f"\n(scored positions: val {r['val']['scored']:,}, test {r['test_2016_flickr']['scored']:,})")
 
 

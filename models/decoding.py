@@ -51,8 +51,11 @@ def cache_bytes_per_position(model, params, encoded, src_tokens) -> float:
     the source's keys/values and performer's state do not.
     """
     caches = [jax.eval_shape(lambda n=n: init_cache(model, params, encoded, src_tokens, n)) for n in (1, 2)]
-    added = sum(y.size * y.dtype.itemsize - x.size * x.dtype.itemsize
-                for x, y in zip(*map(jax.tree.leaves, caches)) if x.shape != y.shape)
+    added = sum(
+        y.size * y.dtype.itemsize - x.size * x.dtype.itemsize
+        for x, y in zip(*map(jax.tree.leaves, caches))
+        if x.shape != y.shape
+    )
     return added / src_tokens.shape[0]
 
 
@@ -80,6 +83,7 @@ def _grown_loop(cond, body, state, empty_cache, lengths):
     arrays that hold one entry a position (the only ones whose shape changes) are copied into the
     new cache's first positions, the rest kept.
     """
+
     def grow(old, new):
         return old if old.shape == new.shape else lax.dynamic_update_slice(new, old, (0,) * new.ndim)
 
@@ -96,8 +100,13 @@ def _decode_step(model, params, cache, encoded, src_tokens, tokens, logits_barri
 
     `logits_barrier=False`: no `_unfused` barrier, whatever the formulation (see `beam_search`)."""
     logits, variables = model.apply(
-        {"params": params, "cache": cache}, encoded, src_tokens, tokens[:, None],
-        method="decode", decode=True, mutable=["cache"],
+        {"params": params, "cache": cache},
+        encoded,
+        src_tokens,
+        tokens[:, None],
+        method="decode",
+        decode=True,
+        mutable=["cache"],
     )
     logits = logits[:, -1]
     if logits_barrier:
@@ -130,8 +139,13 @@ class _Greedy(NamedTuple):
 
 
 def greedy_decode(
-    model, params, src_tokens: jax.Array, max_len: int, first_cache_length: int | None = FIRST_CACHE_LENGTH,
-    return_steps: bool = False, limit: jax.Array | None = None,
+    model,
+    params,
+    src_tokens: jax.Array,
+    max_len: int,
+    first_cache_length: int | None = FIRST_CACHE_LENGTH,
+    return_steps: bool = False,
+    limit: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Most probable next token at every step. src_tokens: [B, Ls] int. Returns [B, max_len] int32.
 
@@ -193,9 +207,18 @@ class _Beams(NamedTuple):
 
 
 def beam_search(
-    model, params, src_tokens: jax.Array, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
-    return_all_beams: bool = False, first_cache_length: int | None = FIRST_CACHE_LENGTH, return_steps: bool = False,
-    limit: jax.Array | None = None, reorder_cache: bool = True, logits_barrier: bool = True,
+    model,
+    params,
+    src_tokens: jax.Array,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len: int = 64,
+    return_all_beams: bool = False,
+    first_cache_length: int | None = FIRST_CACHE_LENGTH,
+    return_steps: bool = False,
+    limit: jax.Array | None = None,
+    reorder_cache: bool = True,
+    logits_barrier: bool = True,
 ) -> tuple[jax.Array, ...]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
@@ -213,7 +236,9 @@ def beam_search(
     """
     _check_args(model, src_tokens, max_len)
     # the early-stopping bound's penalty: a Python float without a limit (as it always was), else traced
-    final_penalty = length_penalty(max_len, alpha) if limit is None else length_penalty(jnp.asarray(limit, jnp.float32), alpha)
+    final_penalty = (
+        length_penalty(max_len, alpha) if limit is None else length_penalty(jnp.asarray(limit, jnp.float32), alpha)
+    )
     lengths = cache_lengths(max_len, first_cache_length)
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
@@ -236,8 +261,9 @@ def beam_search(
     def body(s: _Beams):
         # each beam writes the token it feeds into its own cache row
         rows = lax.dynamic_update_slice(s.rows, jnp.broadcast_to(own_row, (batch, K, 1)), (0, 0, s.step))
-        log_probs, cache = _decode_step(model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens,
-                                        s.last.reshape(-1), logits_barrier)
+        log_probs, cache = _decode_step(
+            model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens, s.last.reshape(-1), logits_barrier
+        )
         vocab = log_probs.shape[-1]
         # 2K candidates: even if K of them end in EOS, K remain to stay alive
         cand_logp = (s.alive_logp[:, :, None] + log_probs.reshape(batch, K, vocab)).reshape(batch, K * vocab)
@@ -250,7 +276,8 @@ def beam_search(
         eos_scores = jnp.where(is_eos, cand_logp / length_penalty(s.step + 1, alpha), neg_inf)
         finished_seqs, finished_scores = _top_beams(
             jnp.concatenate([s.finished_seqs, cand_seqs], axis=1),
-            jnp.concatenate([s.finished_scores, eos_scores], axis=1), K,
+            jnp.concatenate([s.finished_scores, eos_scores], axis=1),
+            K,
         )
         alive_logp, pick = lax.top_k(jnp.where(is_eos, neg_inf, cand_logp), K)
         parents = _take_beams(cand_beam, pick)
@@ -269,21 +296,28 @@ def beam_search(
     start_logp = jnp.where(jnp.arange(K) == 0, 0.0, neg_inf)
     empty = jnp.full((batch, K, max_len), cfg.pad_id, jnp.int32)
     own_row = jnp.arange(K, dtype=jnp.int32)[None, :, None]
-    s = _grown_loop(cond, body, _Beams(
-        step=jnp.array(0, jnp.int32),
-        cache=None,
-        rows=jnp.zeros((batch, K, max_len), jnp.int32),
-        last=jnp.full((batch, K), cfg.bos_id, jnp.int32),
-        alive_seqs=empty,
-        alive_logp=jnp.broadcast_to(start_logp, (batch, K)),
-        finished_seqs=empty,
-        finished_scores=jnp.full((batch, K), neg_inf),
-    ), empty_cache, lengths)
+    s = _grown_loop(
+        cond,
+        body,
+        _Beams(
+            step=jnp.array(0, jnp.int32),
+            cache=None,
+            rows=jnp.zeros((batch, K, max_len), jnp.int32),
+            last=jnp.full((batch, K), cfg.bos_id, jnp.int32),
+            alive_seqs=empty,
+            alive_logp=jnp.broadcast_to(start_logp, (batch, K)),
+            finished_seqs=empty,
+            finished_scores=jnp.full((batch, K), neg_inf),
+        ),
+        empty_cache,
+        lengths,
+    )
     # after an early stop the alive beams rank below every finished one, so this only
     # lets unfinished hypotheses in where fewer than K finished by max_len
     seqs, scores = _top_beams(
         jnp.concatenate([s.finished_seqs, s.alive_seqs], axis=1),
-        jnp.concatenate([s.finished_scores, s.alive_logp / length_penalty(s.step, alpha)], axis=1), K,
+        jnp.concatenate([s.finished_scores, s.alive_logp / length_penalty(s.step, alpha)], axis=1),
+        K,
     )
     out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
     return (*out, s.step) if return_steps else out
@@ -316,6 +350,7 @@ def _gather_cache(cache, beams):
     What is reordered is what the rest keep: performer's state, MLA's latent, a foreign layer's
     cache. The beam rows and their marks are dropped: a step's input, not loop state.
     """
+
     def reorder(x):
         if beams is None or x.ndim == 0:
             return x
@@ -326,8 +361,11 @@ def _gather_cache(cache, beams):
         if not isinstance(tree, Mapping):
             return reorder(tree)
         kept = _SOURCE_KV | (_SELF_KV if attention_beams.ROWS_READ in tree else frozenset())
-        return {name: x if name in kept else walk(x) for name, x in tree.items()
-                if name not in (attention_beams.ROWS, attention_beams.ROWS_READ)}
+        return {
+            name: x if name in kept else walk(x)
+            for name, x in tree.items()
+            if name not in (attention_beams.ROWS, attention_beams.ROWS_READ)
+        }
 
     return walk(cache)
 

@@ -92,8 +92,13 @@ class TransformerConfig:
     def geometry(self) -> attention.HeadGeometry:
         """H, G, d_k and d_v with their defaults filled (d_k = d_model / H)."""
         return attention.HeadGeometry.resolve(
-            self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, v_head_dim=self.v_head_dim,
-            features=self.d_model, features_name="d_model", owner="TransformerConfig.",
+            self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            v_head_dim=self.v_head_dim,
+            features=self.d_model,
+            features_name="d_model",
+            owner="TransformerConfig.",
         )
 
     @property
@@ -111,26 +116,46 @@ class TransformerConfig:
             _require(name, value, isinstance(value, (int, float)) and 0.0 <= value < 1.0, "in [0, 1)")
         for name in ("pre_ln", "tie_embeddings", "scale_out_init"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
-        _require("dot_general", self.dot_general, self.dot_general is None or callable(self.dot_general),
-                 "None or a lax.dot_general-like function")
-        _require("formulation", self.formulation,
-                 self.formulation is None or isinstance(self.formulation, attention.Formulation),
-                 "None or an attention.Formulation")
-        _require("dropout_keep", self.dropout_keep, self.dropout_keep is None or callable(self.dropout_keep),
-                 "None or a function (rng, rate, shape) -> (keep mask, keep probability)")
+        _require(
+            "dot_general",
+            self.dot_general,
+            self.dot_general is None or callable(self.dot_general),
+            "None or a lax.dot_general-like function",
+        )
+        _require(
+            "formulation",
+            self.formulation,
+            self.formulation is None or isinstance(self.formulation, attention.Formulation),
+            "None or an attention.Formulation",
+        )
+        _require(
+            "dropout_keep",
+            self.dropout_keep,
+            self.dropout_keep is None or callable(self.dropout_keep),
+            "None or a function (rng, rate, shape) -> (keep mask, keep probability)",
+        )
         _require("activation", self.activation, self.activation in ACTIVATIONS, f"one of {sorted(ACTIVATIONS)}")
-        _require("attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS,
-                 f"one of {attention.IMPLS}")
-        _require("attention_type", self.attention_type, self.attention_type in family.ATTENTION_TYPES,
-                 f"one of {tuple(family.ATTENTION_TYPES)}")
+        _require(
+            "attention_impl", self.attention_impl, self.attention_impl in attention.IMPLS, f"one of {attention.IMPLS}"
+        )
+        _require(
+            "attention_type",
+            self.attention_type,
+            self.attention_type in family.ATTENTION_TYPES,
+            f"one of {tuple(family.ATTENTION_TYPES)}",
+        )
         try:
             family.check_options(self.attention_type, self.attention_options)
         except ValueError as error:
             raise ValueError(f"TransformerConfig.{error}") from None
         for name in ("pad_id", "eos_id", "bos_id"):
             value = getattr(self, name)
-            _require(name, value, isinstance(value, int) and 0 <= value < self.vocab_size,
-                     f"an id in [0, vocab_size={self.vocab_size})")
+            _require(
+                name,
+                value,
+                isinstance(value, int) and 0 <= value < self.vocab_size,
+                f"an id in [0, vocab_size={self.vocab_size})",
+            )
         ids = (self.pad_id, self.eos_id, self.bos_id)
         _require("pad_id/eos_id/bos_id", ids, len(set(ids)) == 3, "three distinct ids")
 
@@ -213,17 +238,30 @@ def _attention(layer, train, name, decode=False, causal=False, cross=False):
     serves = family.supports(config.attention_type, causal=causal, cross=cross, decode=causal)
     attention_type = config.attention_type if serves else "softmax"
     module = attention.MultiHeadAttention(
-        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, qkv_features=config.qkv_features,
-        v_head_dim=config.v_head_dim, use_bias=config.attention_bias,
-        dropout_rate=config.attention_dropout_rate, deterministic=not train, decode=decode and not cross,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        qkv_features=config.qkv_features,
+        v_head_dim=config.v_head_dim,
+        use_bias=config.attention_bias,
+        dropout_rate=config.attention_dropout_rate,
+        deterministic=not train,
+        decode=decode and not cross,
         cache_cross_kv=decode and cross,
-        out_kernel_init=_out_kernel_init(config), impl=config.attention_impl,
-        qkv_dot_general=config.dot_general, out_dot_general=config.dot_general, formulation=config.formulation,
-        dtype=config.dtype, param_dtype=config.param_dtype, attention_type=attention_type,
-        attention_options=config.attention_options if serves and attention_type != "softmax" else None, name=name,
+        out_kernel_init=_out_kernel_init(config),
+        impl=config.attention_impl,
+        qkv_dot_general=config.dot_general,
+        out_dot_general=config.dot_general,
+        formulation=config.formulation,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        attention_type=attention_type,
+        attention_options=config.attention_options if serves and attention_type != "softmax" else None,
+        name=name,
     )
-    hooks = dict(head_mask=layer.get_variable("head_mask", name),
-                 sow_weights=layer.is_mutable_collection("intermediates") and not layer.is_initializing())
+    hooks = dict(
+        head_mask=layer.get_variable("head_mask", name),
+        sow_weights=layer.is_mutable_collection("intermediates") and not layer.is_initializing(),
+    )
     return functools.partial(module, **hooks)
 
 
@@ -346,8 +384,9 @@ class Decoder(nn.Module):
         cfg = self.config
         dot_general = cfg.dot_general or lax.dot_general
         if not cfg.tie_embeddings:
-            return nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            dot_general=dot_general, name="logits")(y)
+            return nn.Dense(
+                cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, dot_general=dot_general, name="logits"
+            )(y)
         y, table = self.embed.promote_dtype(y, self.embed.embedding, dtype=cfg.dtype)
         return dot_general(y, table, (((y.ndim - 1,), (1,)), ((), ())))  # table [vocab, D]: contract D
 
@@ -387,7 +426,10 @@ class Transformer(nn.Module):
     def setup(self):
         cfg = self.config
         self.embed = nn.Embed(
-            cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
             # variance 1/d_model: x sqrt(d_model) gives unit-variance inputs, and tied logits stay O(1)
             embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
         )
@@ -411,8 +453,17 @@ class Transformer(nn.Module):
         _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
         return self.decoder(encoded, src_tokens, tgt_in_tokens, train, decode)
 
-    def __call__(self, src_tokens, tgt_in_tokens, train=False, *, src_segments=None, tgt_segments=None,
-                 src_positions=None, tgt_positions=None):
+    def __call__(
+        self,
+        src_tokens,
+        tgt_in_tokens,
+        train=False,
+        *,
+        src_segments=None,
+        tgt_segments=None,
+        src_positions=None,
+        tgt_positions=None,
+    ):
         """src_tokens: [B, Ls]; tgt_in_tokens: [B, Lt] (bos_id, then the target shifted right).
 
         Returns logits [B, Lt, vocab] float32; target padding needs no mask here (the
@@ -421,7 +472,12 @@ class Transformer(nn.Module):
         Packed rows: all four of `src_segments`, `tgt_segments`, `src_positions`, `tgt_positions`
         (int [B, Ls] / [B, Lt]; module docstring), or none.
         """
-        packing = dict(src_segments=src_segments, tgt_segments=tgt_segments, src_positions=src_positions, tgt_positions=tgt_positions)
+        packing = dict(
+            src_segments=src_segments,
+            tgt_segments=tgt_segments,
+            src_positions=src_positions,
+            tgt_positions=tgt_positions,
+        )
         given = [name for name, x in packing.items() if x is not None]
         if not given:
             return self.decode(self.encode(src_tokens, train), src_tokens, tgt_in_tokens, train)
@@ -433,4 +489,6 @@ class Transformer(nn.Module):
                 raise ValueError(f"{name} has shape {jnp.shape(x)}; expected its tokens' shape {jnp.shape(tokens)}")
         encoded = self.encode(src_tokens, train, src_segments, src_positions)
         _check_tokens("tgt_in_tokens", tgt_in_tokens, self.config)
-        return self.decoder(encoded, src_tokens, tgt_in_tokens, train, False, (src_segments, tgt_segments, tgt_positions))
+        return self.decoder(
+            encoded, src_tokens, tgt_in_tokens, train, False, (src_segments, tgt_segments, tgt_positions)
+        )

@@ -21,7 +21,9 @@ Curve = list[tuple[int, float, float]]  # (step, dev loss, dev perplexity), by s
 
 def dev_curve(records: list[dict], split: str) -> Curve:
     """The dev evaluations in a run's metrics records (those of `split`), one per step (a resumed run's last)."""
-    by_step = {r["step"]: (r["loss"], r["perplexity"]) for r in records if r.get("split") == split and "perplexity" in r}
+    by_step = {
+        r["step"]: (r["loss"], r["perplexity"]) for r in records if r.get("split") == split and "perplexity" in r
+    }
     return [(step, *by_step[step]) for step in sorted(by_step)]
 
 

@@ -38,24 +38,41 @@ def executor(folder: Path, options: SlurmOptions, cluster: str = "slurm") -> sub
     if cluster not in ("slurm", "local"):
         raise ValueError(f"cluster must be 'slurm' or 'local', got {cluster!r}")
     ex = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    parameters = {"timeout_min": options.time_min, "gpus_per_node": options.gpus, "cpus_per_task": options.cpus,
-                  "tasks_per_node": 1, "nodes": 1, "name": "headcount-sweep"}
+    parameters = {
+        "timeout_min": options.time_min,
+        "gpus_per_node": options.gpus,
+        "cpus_per_task": options.cpus,
+        "tasks_per_node": 1,
+        "nodes": 1,
+        "name": "headcount-sweep",
+    }
     if options.partition:
         parameters["slurm_partition"] = options.partition
     ex.update_parameters(**parameters)
     return ex
 
 
-def submit(program: list[str], config_path: str, workdir: Path, results_dir: Path, seeds: int, options: SlurmOptions,
-           cluster: str = "slurm") -> list[tuple[sweep.Point, submitit.Job]]:
+def submit(
+    program: list[str],
+    config_path: str,
+    workdir: Path,
+    results_dir: Path,
+    seeds: int,
+    options: SlurmOptions,
+    cluster: str = "slurm",
+) -> list[tuple[sweep.Point, submitit.Job]]:
     """Submit one job per unfinished (point, seed); job logs go to WORKDIR/submitit/."""
     module = sweep.load_module(config_path)
     todo = sweep.pending(results_dir, config_path, module, seeds)
     ex = executor(Path(workdir) / "submitit", options, cluster)
     cwd = os.getcwd()
     cache_dir = sweep.sweep_cache_dir()  # one compilation cache for every job (on the cluster's shared filesystem)
-    commands = [submitit.helpers.CommandFunction(sweep.point_command(program, config_path, workdir, results_dir, p, cache_dir), cwd=cwd)
-                for p in todo]
+    commands = [
+        submitit.helpers.CommandFunction(
+            sweep.point_command(program, config_path, workdir, results_dir, p, cache_dir), cwd=cwd
+        )
+        for p in todo
+    ]
     jobs = ex.submit_array(commands) if commands else []
     for point, job in zip(todo, jobs):
         print(f"[sweep] submitted {point.name}: job {job.job_id}", flush=True)
@@ -69,7 +86,10 @@ def wait(submitted: list[tuple[sweep.Point, submitit.Job]]) -> list[sweep.Point]
         try:
             job.result()
             print(f"[sweep] done {point.name} (job {job.job_id})", flush=True)
-        except Exception as error:  # noqa: BLE001 -- submitit re-raises the job's failure, of any type
-            print(f"[sweep] FAILED {point.name} (job {job.job_id}): {str(error).splitlines()[0] if str(error) else type(error).__name__}", flush=True)
+        except Exception as error:
+            print(
+                f"[sweep] FAILED {point.name} (job {job.job_id}): {str(error).splitlines()[0] if str(error) else type(error).__name__}",
+                flush=True,
+            )
             failed.append(point)
     return failed

@@ -25,29 +25,53 @@ def plan(module: ModuleType, target: aot.Target, data: int = -1, model: int = 1,
     for value in module.SWEEP_VALUES:
         point = f"{module.SWEEP_KEY}={value}"
         try:
-            report = aot.compile_programs(module.get_config(point), target, data, model, programs=("train",),
-                                          devices=devices)["train"]
+            report = aot.compile_programs(
+                module.get_config(point), target, data, model, programs=("train",), devices=devices
+            )["train"]
         except aot.DoesNotFit as refused:
-            rows.append({"point": point, "needs_bytes": None, "hbm_share": None, "flops": None, "points_per_device": 0,
-                         "compile_s": None, "refused": str(refused)})
+            rows.append(
+                {
+                    "point": point,
+                    "needs_bytes": None,
+                    "hbm_share": None,
+                    "flops": None,
+                    "points_per_device": 0,
+                    "compile_s": None,
+                    "refused": str(refused),
+                }
+            )
             continue
         needs = report["memory_bytes"]["needed"]
-        rows.append({"point": point, "needs_bytes": needs, "hbm_share": report["hbm_share"], "flops": report["flops"],
-                     "points_per_device": math.floor(SHARED_FRACTION * target.chip.hbm_gib * aot.GIB / needs),
-                     "compile_s": report["compile_s"], "refused": aot.refusal("train", report)})
+        rows.append(
+            {
+                "point": point,
+                "needs_bytes": needs,
+                "hbm_share": report["hbm_share"],
+                "flops": report["flops"],
+                "points_per_device": math.floor(SHARED_FRACTION * target.chip.hbm_gib * aot.GIB / needs),
+                "compile_s": report["compile_s"],
+                "refused": aot.refusal("train", report),
+            }
+        )
     return rows
 
 
 def table(rows: list[dict], target: aot.Target) -> str:
     """The plan as a Markdown table (memory in MiB a device)."""
-    lines = [f"train step per point on {target.name} ({target.chip.hbm_gib:g} GiB a device); points a device: "
-             f"floor({SHARED_FRACTION} x HBM / needs)", "",
-             "| point | needs MiB | of HBM | GFLOP a step / device | points a device | compile s |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"train step per point on {target.name} ({target.chip.hbm_gib:g} GiB a device); points a device: "
+        f"floor({SHARED_FRACTION} x HBM / needs)",
+        "",
+        "| point | needs MiB | of HBM | GFLOP a step / device | points a device | compile s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if r["needs_bytes"] is None:
             lines.append(f"| {r['point']} | refused: {r['refused']} | | | 0 | |")
             continue
         flops = "n/a" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}"
-        lines.append(f"| {r['point']} | {r['needs_bytes'] / 2**20:,.1f} | {100 * r['hbm_share']:.1f} % | {flops} "
-                     f"| {r['points_per_device']} | {r['compile_s']:.1f} |")
+        lines.append(
+            f"| {r['point']} | {r['needs_bytes'] / 2**20:,.1f} | {100 * r['hbm_share']:.1f} % | {flops} "
+            f"| {r['points_per_device']} | {r['compile_s']:.1f} |"
+        )
     return "\n".join(lines)

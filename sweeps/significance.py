@@ -87,8 +87,13 @@ class SeedComparison:
         """This comparison as one of a Holm family of `family` comparisons: its adjusted p-values, and its
         detectable difference at the family's strictest Holm level, ALPHA / family."""
         level = ALPHA / family
-        return dataclasses.replace(self, p_holm=p_holm, tost_p_holm=tost_p_holm, mdd_alpha=level,
-                                   mdd=minimum_detectable_difference(self.se, self.df, level))
+        return dataclasses.replace(
+            self,
+            p_holm=p_holm,
+            tost_p_holm=tost_p_holm,
+            mdd_alpha=level,
+            mdd=minimum_detectable_difference(self.se, self.df, level),
+        )
 
     @property
     def verdict(self) -> str:
@@ -123,7 +128,9 @@ class Sensitivity:
         return dataclasses.replace(self, p_holm=p_holm)
 
 
-def welch(point: Sequence[float], reference: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float, float, float]:
+def welch(
+    point: Sequence[float], reference: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float, float, float, float, float]:
     """(difference, ci_low, ci_high, se, df, two-sided p) of mean(point) - mean(reference), Welch's t test."""
     point, reference = _check_samples(point, reference)
     n1, n2 = len(point), len(reference)
@@ -134,7 +141,7 @@ def welch(point: Sequence[float], reference: Sequence[float], confidence: float 
     se = math.sqrt(v1 + v2)
     if se == 0:  # every seed alike on both sides: no spread to test against
         return difference, math.nan, math.nan, math.nan, math.nan, math.nan
-    df = (v1 + v2) ** 2 / (v1 ** 2 / (n1 - 1) + v2 ** 2 / (n2 - 1))  # Welch-Satterthwaite
+    df = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))  # Welch-Satterthwaite
     t = difference / se
     half = stats.t.ppf(0.5 + confidence / 2, df) * se
     return difference, float(difference - half), float(difference + half), se, df, float(2 * stats.t.sf(abs(t), df))
@@ -146,7 +153,9 @@ def hedges_g(point: Sequence[float], reference: Sequence[float]) -> float:
     n1, n2 = len(point), len(reference)
     if n1 < 2 or n2 < 2:
         return math.nan
-    pooled = math.sqrt(((n1 - 1) * statistics.variance(point) + (n2 - 1) * statistics.variance(reference)) / (n1 + n2 - 2))
+    pooled = math.sqrt(
+        ((n1 - 1) * statistics.variance(point) + (n2 - 1) * statistics.variance(reference)) / (n1 + n2 - 2)
+    )
     if pooled == 0:
         return math.nan
     return (statistics.fmean(point) - statistics.fmean(reference)) / pooled * (1 - 3 / (4 * (n1 + n2) - 9))
@@ -210,11 +219,24 @@ def compare_seeds(point: Sequence[float], reference: Sequence[float]) -> SeedCom
     """One point against the reference (unadjusted: `table_comparisons` adds Holm's adjustment)."""
     point, reference = _check_samples(point, reference)
     difference, low, high, se, df, p = welch(point, reference)
-    return SeedComparison(point, reference, difference, low, high, se, df, p, hedges_g(point, reference),
-                          tost_p(difference, se, df), minimum_detectable_difference(se, df))
+    return SeedComparison(
+        point,
+        reference,
+        difference,
+        low,
+        high,
+        se,
+        df,
+        p,
+        hedges_g(point, reference),
+        tost_p(difference, se, df),
+        minimum_detectable_difference(se, df),
+    )
 
 
-def adjust(compared: Mapping[Any, SeedComparison | Sensitivity], planned: int = 0) -> dict[Any, SeedComparison | Sensitivity]:
+def adjust(
+    compared: Mapping[Any, SeedComparison | Sensitivity], planned: int = 0
+) -> dict[Any, SeedComparison | Sensitivity]:
     """`compared` with Holm's adjustment over its comparisons (at least `planned` of them), separately for the
     difference tests and the equivalence tests: one family, whatever the keys name (values, contrasts, a study).
     A SeedComparison's detectable difference moves to the family's strictest Holm level, ALPHA / m."""
@@ -225,8 +247,9 @@ def adjust(compared: Mapping[Any, SeedComparison | Sensitivity], planned: int = 
     return {key: c.with_holm(p, t, family) for (key, c), p, t in zip(compared.items(), p_holm, tost_holm)}
 
 
-def table_comparisons(points: Mapping[int | str, Sequence[float]], reference: Sequence[float],
-                      planned: int = 0) -> dict[int | str, SeedComparison]:
+def table_comparisons(
+    points: Mapping[int | str, Sequence[float]], reference: Sequence[float], planned: int = 0
+) -> dict[int | str, SeedComparison]:
     """Every point of one table against the reference, Holm-adjusted over the table's comparisons (`adjust`)."""
     return adjust({value: compare_seeds(bleu, reference) for value, bleu in points.items()}, planned)
 
@@ -249,8 +272,9 @@ def paired_seeds(point: Mapping[int, float], reference: Mapping[int, float], con
     return Sensitivity(difference, *_t_test(difference, se, len(seeds) - 1, confidence), seeds)
 
 
-def pooled_contrasts(groups: Mapping[Any, Sequence[float]], contrasts: Mapping[Any, tuple[Any, Any]],
-                     confidence: float = 0.95) -> dict[Any, Sensitivity]:
+def pooled_contrasts(
+    groups: Mapping[Any, Sequence[float]], contrasts: Mapping[Any, tuple[Any, Any]], confidence: float = 0.95
+) -> dict[Any, Sensitivity]:
     """One pooled variance: each contrast (from, to) of `groups` (point -> per-seed BLEU) as mean(to) -
     mean(from), tested against one residual variance pooled over every group, s^2 = the sum of squares about
     each group's own mean / (N - G) for N runs in G groups (one-way ANOVA's within-group mean square), with
@@ -260,7 +284,9 @@ def pooled_contrasts(groups: Mapping[Any, Sequence[float]], contrasts: Mapping[A
     samples = {key: _check_sample(f"groups[{key!r}]", sample) for key, sample in groups.items()}
     for label, pair in contrasts.items():
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(side in samples for side in pair)):
-            raise ValueError(f"contrasts[{label!r}] must be (from, to), two keys of groups {sorted(map(str, samples))}, got {pair!r}")
+            raise ValueError(
+                f"contrasts[{label!r}] must be (from, to), two keys of groups {sorted(map(str, samples))}, got {pair!r}"
+            )
     df = sum(len(x) for x in samples.values()) - len(samples)
     squares = sum(sum((v - statistics.fmean(x)) ** 2 for v in x) for x in samples.values())
     s = math.sqrt(squares / df) if df > 0 else math.nan
@@ -268,15 +294,24 @@ def pooled_contrasts(groups: Mapping[Any, Sequence[float]], contrasts: Mapping[A
     for label, (start, to) in contrasts.items():
         difference = statistics.fmean(samples[to]) - statistics.fmean(samples[start])
         se = s * math.sqrt(1 / len(samples[start]) + 1 / len(samples[to]))
-        out[label] = (Sensitivity(difference, *_t_test(difference, se, df, confidence)) if se > 0
-                      else Sensitivity(difference, math.nan, math.nan, math.nan, math.nan, math.nan))
+        out[label] = (
+            Sensitivity(difference, *_t_test(difference, se, df, confidence))
+            if se > 0
+            else Sensitivity(difference, math.nan, math.nan, math.nan, math.nan, math.nan)
+        )
     return out
 
 
 def _t_test(difference: float, se: float, df: float, confidence: float) -> tuple[float, float, float, float, float]:
     """(ci_low, ci_high, se, df, two-sided p) of a t statistic difference / se on df degrees of freedom."""
     half = stats.t.ppf(0.5 + confidence / 2, df) * se
-    return float(difference - half), float(difference + half), se, float(df), float(2 * stats.t.sf(abs(difference / se), df))
+    return (
+        float(difference - half),
+        float(difference + half),
+        se,
+        float(df),
+        float(2 * stats.t.sf(abs(difference / se), df)),
+    )
 
 
 def _check_samples(point, reference) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -299,26 +334,37 @@ def _check_sample(name: str, sample) -> tuple[float, ...]:
 
 def _paired_test(baseline, system, references, test_type: str, samples: int) -> float:
     if not len(baseline) == len(system) == len(references):
-        raise ValueError(f"baseline, system and references must be the same sentences: got {len(baseline)}, {len(system)} "
-                         f"and {len(references)} lines")
+        raise ValueError(
+            f"baseline, system and references must be the same sentences: got {len(baseline)}, {len(system)} "
+            f"and {len(references)} lines"
+        )
     logger = logging.getLogger("sacrebleu")  # it narrates each test at INFO; a table takes dozens
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
-        test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()}, [list(references)],
-                          test_type=test_type, n_samples=samples)
+        test = PairedTest(
+            [("baseline", list(baseline)), ("system", list(system))],
+            {"BLEU": BLEU()},
+            [list(references)],
+            test_type=test_type,
+            n_samples=samples,
+        )
         _, scores = test()
     finally:
         logger.setLevel(level)
     return scores["BLEU"][1].p_value
 
 
-def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str], resamples: int = RESAMPLES) -> float:
+def paired_bootstrap(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], resamples: int = RESAMPLES
+) -> float:
     """sacreBLEU's paired bootstrap p (`--paired-bs`; 13a, cased, one reference): one-sided in effect."""
     return _paired_test(baseline, system, references, "bs", resamples)
 
 
-def paired_randomization(baseline: Sequence[str], system: Sequence[str], references: Sequence[str], trials: int = AR_TRIALS) -> float:
+def paired_randomization(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], trials: int = AR_TRIALS
+) -> float:
     """Two-sided p of "system's corpus BLEU differs from baseline's only by chance", sacreBLEU's paired
     approximate randomization (`--paired-ar`, its fixed seed; 13a, cased, one reference)."""
     return _paired_test(baseline, system, references, "ar", trials)
@@ -338,8 +384,10 @@ def seed_pair_p_values(sweep_dir: Path, spec: dict, results: list[dict]) -> dict
             continue
         p_values[value] = {}
         for seed in sorted(r["seed"] for r in results if r["value"] == value and r["seed"] in reference_seeds):
-            hypotheses = [_lines(store.point_path(sweep_dir, spec["key"], v, seed) / store.hypotheses_name(split))
-                          for v in (spec["reference"], value)]
+            hypotheses = [
+                _lines(store.point_path(sweep_dir, spec["key"], v, seed) / store.hypotheses_name(split))
+                for v in (spec["reference"], value)
+            ]
             p_values[value][seed] = paired_randomization(*hypotheses, references)
     return p_values
 

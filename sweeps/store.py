@@ -101,6 +101,7 @@ def load_results(sweep_dir: Path, spec: dict) -> list[dict]:
 
 def git_commit() -> dict:
     """The commit this code runs on, and whether its tracked files differ from it ({} outside a git checkout)."""
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
 

@@ -26,13 +26,18 @@ from sweeps import significance, store, tables
 Comparison = tuple[str, int | str, int | str]  # (sweep name, from value, to value)
 
 
-def study_comparisons(results_dir: Path, study: Sequence[Comparison]) -> dict[Comparison, significance.SeedComparison | None]:
+def study_comparisons(
+    results_dir: Path, study: Sequence[Comparison]
+) -> dict[Comparison, significance.SeedComparison | None]:
     """Each comparison of `study` (to's seeds against from's, over seeds), Holm-adjusted over the whole study;
     None where either side has no stored seed."""
     _check_study(study)
     bleu = {name: tables.bleu_by_value(results) for name, (_, results) in _stored(results_dir, study).items()}
-    tests = {c: significance.compare_seeds(bleu[c[0]][c[2]], bleu[c[0]][c[1]])
-             for c in study if c[1] in bleu[c[0]] and c[2] in bleu[c[0]]}
+    tests = {
+        c: significance.compare_seeds(bleu[c[0]][c[2]], bleu[c[0]][c[1]])
+        for c in study
+        if c[1] in bleu[c[0]] and c[2] in bleu[c[0]]
+    }
     adjusted = significance.adjust(tests, planned=len(study))
     return {c: adjusted.get(c) for c in study}
 
@@ -56,7 +61,9 @@ def origin(name: str, key: str, result: dict) -> str:
     return f"{name}/{store.point_label(key, result['value'])}"
 
 
-def study_groups(results_dir: Path, study: Sequence[Comparison]) -> tuple[dict[Comparison, tuple[str, str]], dict[str, list[dict]]]:
+def study_groups(
+    results_dir: Path, study: Sequence[Comparison]
+) -> tuple[dict[Comparison, tuple[str, str]], dict[str, list[dict]]]:
     """The study's comparisons as pairs of points ({comparison: (from point, to point)}, `origin`'s names) and
     the runs of every point they compare ({point: its runs, each once}); a comparison a side of which has no
     stored run is left out."""
@@ -81,7 +88,9 @@ def _check_study(study: Sequence[Comparison]) -> None:
         raise ValueError("STUDY must name at least one (sweep name, from value, to value), got none")
     for c in study:
         if not (isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str) and c[1] != c[2]):
-            raise ValueError(f"STUDY entries must be (sweep name, from value, to value) with two different values, got {c!r}")
+            raise ValueError(
+                f"STUDY entries must be (sweep name, from value, to value) with two different values, got {c!r}"
+            )
     if len(set(study)) != len(study):
         raise ValueError(f"STUDY names a comparison twice: {sorted({c for c in study if study.count(c) > 1}, key=str)}")
 
@@ -89,17 +98,22 @@ def _check_study(study: Sequence[Comparison]) -> None:
 def study_markdown(results_dir: Path, study: Sequence[Comparison], title: str) -> str:
     compared = study_comparisons(results_dir, study)
     n = len(study)
-    lines = [f"# {title}: every comparison, one Holm family over {n}\n",
-             "| sweep | from → to | seeds | test BLEU (from → to) | " + " | ".join(tables.COMPARISON_TITLES) + " |",
-             "|---|---|---:|---:|" + "---:|" * (len(tables.COMPARISON_TITLES) - 1) + "---|"]
+    lines = [
+        f"# {title}: every comparison, one Holm family over {n}\n",
+        "| sweep | from → to | seeds | test BLEU (from → to) | " + " | ".join(tables.COMPARISON_TITLES) + " |",
+        "|---|---|---:|---:|" + "---:|" * (len(tables.COMPARISON_TITLES) - 1) + "---|",
+    ]
     for c, test in compared.items():
         name, start, to = c
         if test is None:
             lines.append(f"| {name} | {start} → {to} | – | not run yet |" + " |" * len(tables.COMPARISON_TITLES))
             continue
         means = f"{statistics.fmean(test.reference):.2f} → {statistics.fmean(test.point):.2f}"
-        lines.append(f"| {name} | {start} → {to} | {len(test.reference)} → {len(test.point)} | {means} | "
-                     + " | ".join(tables.comparison_cells(test)) + " |")
+        lines.append(
+            f"| {name} | {start} → {to} | {len(test.reference)} → {len(test.point)} | {means} | "
+            + " | ".join(tables.comparison_cells(test))
+            + " |"
+        )
     lines.append(f"""
 Written by `python sweep.py --study` from the sweeps' stored results alone. Each row is one comparison of
 the sweep's own table (its value against the reference, or a named contrast), over seeds: the difference
@@ -113,8 +127,9 @@ each sweep's own table adjusts over its own comparisons only, so a verdict there
     return "\n".join(lines) + "\n" + study_sensitivity_markdown(results_dir, study, compared)
 
 
-def study_sensitivity_markdown(results_dir: Path, study: Sequence[Comparison],
-                               compared: dict[Comparison, significance.SeedComparison | None]) -> str:
+def study_sensitivity_markdown(
+    results_dir: Path, study: Sequence[Comparison], compared: dict[Comparison, significance.SeedComparison | None]
+) -> str:
     """The study's batches and its sensitivity table (`tables.sensitivity_table`), Holm over the whole study,
     the pooled variance over every distinct point the study compares; "" before any comparison has runs."""
     points, groups = study_groups(results_dir, study)
@@ -123,10 +138,17 @@ def study_sensitivity_markdown(results_dir: Path, study: Sequence[Comparison],
     label = {c: f"{c[0]}: {c[1]} → {c[2]}" for c in points}
     letters = tables.batch_letters([r for runs in groups.values() for r in runs])
     comparisons = {label[c]: pair for c, pair in points.items()}
-    lines = ["## Sensitivity (no verdicts): seeds as blocks, one pooled variance\n",
-             *tables.sensitivity_table(comparisons, groups, len(study), {label[c]: compared[c] for c in points if compared[c]}, letters),
-             "", tables.sensitivity_text(f"the study's {len(study)}", sum(map(len, groups.values())), len(groups)),
-             "", tables.batch_summary(comparisons, groups), ""]
+    lines = [
+        "## Sensitivity (no verdicts): seeds as blocks, one pooled variance\n",
+        *tables.sensitivity_table(
+            comparisons, groups, len(study), {label[c]: compared[c] for c in points if compared[c]}, letters
+        ),
+        "",
+        tables.sensitivity_text(f"the study's {len(study)}", sum(map(len, groups.values())), len(groups)),
+        "",
+        tables.batch_summary(comparisons, groups),
+        "",
+    ]
     return tables.batches_legend(groups, "point", letters) + "\n".join(lines)
 
 
@@ -134,7 +156,9 @@ def write(results_dir: Path, module: ModuleType) -> Path:
     """Write RESULTS_DIR/STUDY_NAME.md for a study config (`STUDY_NAME`, `STUDY`)."""
     for field in ("STUDY_NAME", "STUDY"):
         if not hasattr(module, field):
-            raise ValueError(f"{module.__file__} has no {field}: a study config sets STUDY_NAME and STUDY = ((sweep, from, to), ...)")
+            raise ValueError(
+                f"{module.__file__} has no {field}: a study config sets STUDY_NAME and STUDY = ((sweep, from, to), ...)"
+            )
     path = Path(results_dir) / f"{module.STUDY_NAME}.md"
     path.write_text(study_markdown(results_dir, tuple(module.STUDY), getattr(module, "STUDY_TITLE", module.STUDY_NAME)))
     return path

@@ -138,30 +138,59 @@ def _check(config_path, module: ModuleType) -> None:
     if not isinstance(module.SWEEP_KEY, str) or not re.fullmatch(r"[A-Za-z_]+", module.SWEEP_KEY):
         raise bad("SWEEP_KEY", "the config argument's key, letters and '_' only (e.g. 'h')")
     values = module.SWEEP_VALUES
-    if (not isinstance(values, (tuple, list)) or not values or len(set(values)) != len(values)
-            or not (all(map(_is_count, values)) or all(map(_is_name, values)))):
-        raise bad("SWEEP_VALUES", "a non-empty tuple of distinct positive ints, or of distinct names (lower-case letters, digits, '_')")
+    if (
+        not isinstance(values, (tuple, list))
+        or not values
+        or len(set(values)) != len(values)
+        or not (all(map(_is_count, values)) or all(map(_is_name, values)))
+    ):
+        raise bad(
+            "SWEEP_VALUES",
+            "a non-empty tuple of distinct positive ints, or of distinct names (lower-case letters, digits, '_')",
+        )
     if module.SWEEP_REFERENCE not in values:
         raise bad("SWEEP_REFERENCE", f"one of SWEEP_VALUES {tuple(values)}")
     if module.SWEEP_TEST_SPLIT is not None and not isinstance(module.SWEEP_TEST_SPLIT, str):
         raise bad("SWEEP_TEST_SPLIT", "a split name or None")
+
     def is_origin(shared):
-        return (isinstance(shared, tuple) and len(shared) == 2 and isinstance(shared[0], str)
-                and re.fullmatch(r"[A-Za-z0-9_-]+", shared[0]) is not None and shared[0] != module.SWEEP_NAME
-                and (_is_count(shared[1]) or _is_name(shared[1])))
+        return (
+            isinstance(shared, tuple)
+            and len(shared) == 2
+            and isinstance(shared[0], str)
+            and re.fullmatch(r"[A-Za-z0-9_-]+", shared[0]) is not None
+            and shared[0] != module.SWEEP_NAME
+            and (_is_count(shared[1]) or _is_name(shared[1]))
+        )
 
     shared = getattr(module, "SWEEP_SHARED_REFERENCE", None)
     if shared is not None and not is_origin(shared):
-        raise bad("SWEEP_SHARED_REFERENCE", "None or (another sweep's SWEEP_NAME, its value that is the same run as SWEEP_REFERENCE)")
+        raise bad(
+            "SWEEP_SHARED_REFERENCE",
+            "None or (another sweep's SWEEP_NAME, its value that is the same run as SWEEP_REFERENCE)",
+        )
     many = getattr(module, "SWEEP_SHARED", None)
     if many is not None and not (isinstance(many, dict) and all(v in values and is_origin(o) for v, o in many.items())):
-        raise bad("SWEEP_SHARED", "None or {a value of SWEEP_VALUES: (another sweep's SWEEP_NAME, its value that is the same run)}")
+        raise bad(
+            "SWEEP_SHARED",
+            "None or {a value of SWEEP_VALUES: (another sweep's SWEEP_NAME, its value that is the same run)}",
+        )
     if many and shared is not None and module.SWEEP_REFERENCE in many and many[module.SWEEP_REFERENCE] != shared:
         raise bad("SWEEP_SHARED", f"an origin of SWEEP_REFERENCE that agrees with SWEEP_SHARED_REFERENCE {shared!r}")
     contrasts = getattr(module, "SWEEP_CONTRASTS", ())
-    if not (isinstance(contrasts, tuple) and all(
-            isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str) and c[0] and c[1] in values and c[2] in values
-            and c[1] != c[2] for c in contrasts)):
+    if not (
+        isinstance(contrasts, tuple)
+        and all(
+            isinstance(c, tuple)
+            and len(c) == 3
+            and isinstance(c[0], str)
+            and c[0]
+            and c[1] in values
+            and c[2] in values
+            and c[1] != c[2]
+            for c in contrasts
+        )
+    ):
         raise bad("SWEEP_CONTRASTS", "a tuple of (label, a value of SWEEP_VALUES, another value of SWEEP_VALUES)")
     first = getattr(module, "SWEEP_FIRST_SEED", 0)
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
@@ -190,7 +219,9 @@ def points(module: ModuleType, seeds: int) -> list[Point]:
         raise ValueError(f"--seeds must be a positive int, got {seeds!r}")
     first = getattr(module, "SWEEP_FIRST_SEED", 0)
     # Seed-major: a sweep cut short has every value once before it has any twice.
-    return [Point(module.SWEEP_KEY, value, seed) for seed in range(first, first + seeds) for value in module.SWEEP_VALUES]
+    return [
+        Point(module.SWEEP_KEY, value, seed) for seed in range(first, first + seeds) for value in module.SWEEP_VALUES
+    ]
 
 
 def sweep_dir(results_dir: str | Path, module: ModuleType) -> Path:
@@ -208,13 +239,26 @@ def parse_point(arg: str, seed: int, module: ModuleType) -> Point:
     return Point(key, value, seed)
 
 
-def point_command(program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point,
-                  cache_dir: Path | None = None) -> list[str]:
+def point_command(
+    program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point, cache_dir: Path | None = None
+) -> list[str]:
     """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point: what a scheduler launches.
     `cache_dir`: the sweep's one persistent compilation cache (`sweep_cache_dir`), for points whose config says 'auto'."""
     cache = ["--compilation_cache_dir", str(cache_dir)] if cache_dir else []
-    return [*program, "--config", str(config_path), "--workdir", str(workdir), "--results_dir", str(results_dir), *cache,
-            "--point", point.arg, "--seed", str(point.seed)]
+    return [
+        *program,
+        "--config",
+        str(config_path),
+        "--workdir",
+        str(workdir),
+        "--results_dir",
+        str(results_dir),
+        *cache,
+        "--point",
+        point.arg,
+        "--seed",
+        str(point.seed),
+    ]
 
 
 def sweep_cache_dir() -> Path | None:
@@ -224,7 +268,9 @@ def sweep_cache_dir() -> Path | None:
     return compile_cache.cache_dir("auto")
 
 
-def slot_environments(platform: str, devices: int, points_per_device: int, visible: str | None = None) -> list[dict[str, str]]:
+def slot_environments(
+    platform: str, devices: int, points_per_device: int, visible: str | None = None
+) -> list[dict[str, str]]:
     """One environment per point that may run at once: `points_per_device` per accelerator, each process seeing
     one device (CUDA_VISIBLE_DEVICES, an entry of `visible` when the sweep itself was limited to some) and a
     1/K share of its memory (XLA_PYTHON_CLIENT_MEM_FRACTION, 95 % of it split K ways); on a CPU, K plain slots."""
@@ -233,17 +279,27 @@ def slot_environments(platform: str, devices: int, points_per_device: int, visib
     if platform == "cpu":
         return [{} for _ in range(points_per_device)]
     if platform != "gpu":
-        raise ValueError(f"--points_per_device: the local launcher shares GPUs or a CPU between point processes, got platform {platform!r}")
+        raise ValueError(
+            f"--points_per_device: the local launcher shares GPUs or a CPU between point processes, got platform {platform!r}"
+        )
     ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(devices)]
     fraction = f"{0.95 / points_per_device:.3f}"
-    return [{"CUDA_VISIBLE_DEVICES": device, "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction}
-            for _ in range(points_per_device) for device in ids[:devices]]
+    return [
+        {"CUDA_VISIBLE_DEVICES": device, "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction}
+        for _ in range(points_per_device)
+        for device in ids[:devices]
+    ]
 
 
 def local_devices() -> tuple[str, int]:
     """(platform, device count) of this machine, asked of a child process so that this one never takes GPU memory."""
-    done = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend(), jax.local_device_count())"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    done = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.default_backend(), jax.local_device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"could not list this machine's JAX devices: {done.stderr.strip().splitlines()[-1:]}")
     platform, count = done.stdout.split()[-2:]
@@ -256,10 +312,16 @@ def shell_line(command: list[str]) -> str:
 
 def write_spec(results_dir: Path, config_path: str, module: ModuleType, seeds: int) -> None:
     """What `--collect` needs besides the points' files: the swept values and the reference point."""
-    spec = {"config": str(config_path), "name": module.SWEEP_NAME, "key": module.SWEEP_KEY,
-            "values": list(module.SWEEP_VALUES), "reference": module.SWEEP_REFERENCE,
-            "test_split": module.SWEEP_TEST_SPLIT, "seeds": seeds,
-            "contrasts": [list(c) for c in getattr(module, "SWEEP_CONTRASTS", ())]}
+    spec = {
+        "config": str(config_path),
+        "name": module.SWEEP_NAME,
+        "key": module.SWEEP_KEY,
+        "values": list(module.SWEEP_VALUES),
+        "reference": module.SWEEP_REFERENCE,
+        "test_split": module.SWEEP_TEST_SPLIT,
+        "seeds": seeds,
+        "contrasts": [list(c) for c in getattr(module, "SWEEP_CONTRASTS", ())],
+    }
     store.write_spec(sweep_dir(results_dir, module), spec)
 
 
@@ -323,13 +385,21 @@ def _same_vocabulary(out: Path, source: Path) -> bool:
         out.mkdir(parents=True, exist_ok=True)
         files.write_atomic(vocabulary, source_vocabulary.read_bytes())
     if vocabulary.read_bytes() != source_vocabulary.read_bytes():
-        logging.warning("%s and %s tokenise differently: the shared points are trained, not copied", vocabulary, source_vocabulary)
+        logging.warning(
+            "%s and %s tokenise differently: the shared points are trained, not copied", vocabulary, source_vocabulary
+        )
         return False
     return True
 
 
-def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, cache_dir: Path | None = None,
-              restart: bool = False) -> dict | None:
+def run_point(
+    config_path: str,
+    workdir: Path,
+    point: Point,
+    results_dir: Path,
+    cache_dir: Path | None = None,
+    restart: bool = False,
+) -> dict | None:
     """Train (resuming) and evaluate one point, then store its files under RESULTS_DIR/NAME; a finished
     point returns its stored result, one that another live process is running, or whose training
     stopped before its last step, returns None (and stores nothing). `cache_dir`: the sweep's
@@ -363,14 +433,25 @@ def run_point(config_path: str, workdir: Path, point: Point, results_dir: Path, 
         _timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
         trained = max((r["step"] for r in files.read_jsonl(run_dir / "metrics.jsonl") if "split" not in r), default=0)
         if trained < config.num_train_steps:  # stopped early (SIGTERM, max_train_seconds): not a finished point
-            logging.warning("%s stopped at step %d of %d: not evaluated or stored; a later start resumes it",
-                            run_dir, trained, config.num_train_steps)
+            logging.warning(
+                "%s stopped at step %d of %d: not evaluated or stored; a later start resumes it",
+                run_dir,
+                trained,
+                config.num_train_steps,
+            )
             return None
-        result = {"point": point.arg, "value": point.value, "seed": point.seed,
-                  **measure(run_dir, module.SWEEP_TEST_SPLIT), **commit}
+        result = {
+            "point": point.arg,
+            "value": point.value,
+            "seed": point.seed,
+            **measure(run_dir, module.SWEEP_TEST_SPLIT),
+            **commit,
+        }
         if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():
             references = load_corpus(config, module.SWEEP_TEST_SPLIT).tgt
-            files.write_atomic(store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references))
+            files.write_atomic(
+                store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references)
+            )
         store.save_point(out, point, run_dir, result)
     finally:
         release(run_dir / LOCK_FILE)
@@ -422,24 +503,41 @@ def measure(run_dir: Path, test_split: str | None) -> dict:
     splits = [("dev", config.data.eval_split)] + ([("test", test_split)] if test_split else [])
     for label, split in splits:
         score = evaluate.score_split(run, split, beam_size=4, workdir=run_dir)
-        scores.update({f"{label}_loss": score["loss"], f"{label}_perplexity": score["perplexity"], f"{label}_bleu": score["bleu"]})
+        scores.update(
+            {f"{label}_loss": score["loss"], f"{label}_perplexity": score["perplexity"], f"{label}_bleu": score["bleu"]}
+        )
     dev = load_corpus(config, config.data.eval_split)
-    decoding = evaluate.decoding_speed(run.model, run.params, run.vocab.encode(list(dev.src[:64])), config.data.bucket_lengths)
+    decoding = evaluate.decoding_speed(
+        run.model, run.params, run.vocab.encode(list(dev.src[:64])), config.data.bucket_lengths
+    )
     records = files.read_jsonl(run_dir / "metrics.jsonl")
     tokens_per_s = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     geometry = run.model.config.geometry
     return {
-        "step": run.step, "num_heads": geometry.num_heads, "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim, "v_head_dim": geometry.v_head_dim,
-        "parameters": step_lib.parameter_count(run.params), **scores,
+        "step": run.step,
+        "num_heads": geometry.num_heads,
+        "num_kv_heads": geometry.num_kv_heads,
+        "head_dim": geometry.head_dim,
+        "v_head_dim": geometry.v_head_dim,
+        "parameters": step_lib.parameter_count(run.params),
+        **scores,
         "train_tokens_per_s": statistics.median(tokens_per_s),  # median over log windows: compile windows drop out
         "train_seconds": json.loads((run_dir / TIMING_FILE).read_text())["seconds"],
-        "bleu_signature": score["signature"], **decoding,
+        "bleu_signature": score["signature"],
+        **decoding,
         "machine": precision.machine_key(),  # the machine that evaluated it (and trained its last stretch): speeds compare within one
     }
 
 
-def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: Path, seeds: int, jobs: int = 1,
-              points_per_device: int | None = None) -> list[Point]:
+def run_sweep(
+    program: list[str],
+    config_path: str,
+    workdir: Path,
+    results_dir: Path,
+    seeds: int,
+    jobs: int = 1,
+    points_per_device: int | None = None,
+) -> list[Point]:
     """Run every unfinished point as its own process on this machine (`jobs` at a time, or `points_per_device`
     on each accelerator: `slot_environments`); return the points that failed.
 
@@ -452,7 +550,9 @@ def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: 
     if points_per_device is None:
         slots = [{} for _ in range(jobs)]
     elif jobs != 1:
-        raise ValueError(f"--jobs {jobs} and --points_per_device {points_per_device}: give one (points_per_device sets how many run)")
+        raise ValueError(
+            f"--jobs {jobs} and --points_per_device {points_per_device}: give one (points_per_device sets how many run)"
+        )
     else:
         slots = slot_environments(*local_devices(), points_per_device, os.environ.get("CUDA_VISIBLE_DEVICES"))
     module = load_module(config_path)
@@ -464,7 +564,17 @@ def run_sweep(program: list[str], config_path: str, workdir: Path, results_dir: 
     # as an exit, it reaches the `finally` below, which passes it on and waits for their checkpoints.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        _drive(program, config_path, Path(workdir), Path(results_dir), sweep_dir(results_dir, module), slots, todo, running, failed)
+        _drive(
+            program,
+            config_path,
+            Path(workdir),
+            Path(results_dir),
+            sweep_dir(results_dir, module),
+            slots,
+            todo,
+            running,
+            failed,
+        )
     finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the wait short
         for _, process, log, _ in running:
@@ -494,7 +604,9 @@ def _drive(program, config_path, workdir, results_dir, out, slots, todo, running
             running.remove(entry)
             log.close()
             if process.returncode == 0 and not store.is_finished(out, point):
-                print(f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}", flush=True)
+                print(
+                    f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}", flush=True
+                )
                 continue
             ok = process.returncode == 0
             print(f"[sweep] {'done' if ok else 'FAILED'} {point.name} (exit {process.returncode})", flush=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from sweeps import curves, significance, store  # noqa: E402
+from sweeps import curves, significance, store
 
 # Vaswani et al. 2017, Table 3 rows (A): WMT14 en-de newstest2013, Transformer-base, 100k steps.
 PAPER_HEADS = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}
@@ -29,27 +29,61 @@ def paper_numbers(key: str, row: dict) -> tuple[float, float] | None:
         return PAPER_DK_RATIO.get(row["head_dim"] / row["v_head_dim"])
     return None
 
+
 # (column title, result field, format); fields in SPREAD_FIELDS read "mean ± sd" over seeds.
-SCORES = [("dev PPL", "dev_perplexity", "{:.2f}"), ("dev BLEU", "dev_bleu", "{:.2f}"),
-          ("test PPL", "test_perplexity", "{:.2f}"), ("test BLEU", "test_bleu", "{:.2f}")]
+SCORES = [
+    ("dev PPL", "dev_perplexity", "{:.2f}"),
+    ("dev BLEU", "dev_bleu", "{:.2f}"),
+    ("test PPL", "test_perplexity", "{:.2f}"),
+    ("test BLEU", "test_bleu", "{:.2f}"),
+]
 TRAIN = [("train tokens/s", "train_tokens_per_s", "{:,.0f}"), ("train wall s", "train_seconds", "{:,.0f}")]
-HEADS = [("h", "num_heads", "{:d}"), ("d_k", "head_dim", "{:d}"), ("parameters", "parameters", "{:,d}"), *SCORES, *TRAIN]
+HEADS = [
+    ("h", "num_heads", "{:d}"),
+    ("d_k", "head_dim", "{:d}"),
+    ("parameters", "parameters", "{:,d}"),
+    *SCORES,
+    *TRAIN,
+]
 COLUMNS = {  # by the sweep's key; any other key gets HEADS' columns
     "h": HEADS,
-    "kv": [("h", "num_heads", "{:d}"), ("kv heads", "num_kv_heads", "{:d}"), ("d_k", "head_dim", "{:d}"),
-           ("parameters", "parameters", "{:,d}"), *SCORES, ("KV-cache bytes/token", "kv_cache_bytes_per_token", "{:,.0f}"),
-           ("greedy tokens/s", "decode_tokens_per_s_beam1", "{:,.0f}"),
-           ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"), *TRAIN],
-    "dk": [("h", "num_heads", "{:d}"), ("d_k", "head_dim", "{:d}"), ("d_v", "v_head_dim", "{:d}"),
-           ("parameters", "parameters", "{:,d}"), *SCORES, *TRAIN],
-    "attention": [("attention_type", "value", "{}"), ("parameters", "parameters", "{:,d}"), *SCORES,
-                  ("KV-cache bytes/token", "kv_cache_bytes_per_token", "{:,.0f}"),
-                  ("greedy tokens/s", "decode_tokens_per_s_beam1", "{:,.0f}"),
-                  ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"), *TRAIN],
+    "kv": [
+        ("h", "num_heads", "{:d}"),
+        ("kv heads", "num_kv_heads", "{:d}"),
+        ("d_k", "head_dim", "{:d}"),
+        ("parameters", "parameters", "{:,d}"),
+        *SCORES,
+        ("KV-cache bytes/token", "kv_cache_bytes_per_token", "{:,.0f}"),
+        ("greedy tokens/s", "decode_tokens_per_s_beam1", "{:,.0f}"),
+        ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"),
+        *TRAIN,
+    ],
+    "dk": [
+        ("h", "num_heads", "{:d}"),
+        ("d_k", "head_dim", "{:d}"),
+        ("d_v", "v_head_dim", "{:d}"),
+        ("parameters", "parameters", "{:,d}"),
+        *SCORES,
+        *TRAIN,
+    ],
+    "attention": [
+        ("attention_type", "value", "{}"),
+        ("parameters", "parameters", "{:,d}"),
+        *SCORES,
+        ("KV-cache bytes/token", "kv_cache_bytes_per_token", "{:,.0f}"),
+        ("greedy tokens/s", "decode_tokens_per_s_beam1", "{:,.0f}"),
+        ("beam-4 tokens/s", "decode_tokens_per_s_beam4", "{:,.0f}"),
+        *TRAIN,
+    ],
 }
 SPREAD_FIELDS = {"dev_perplexity", "dev_bleu", "test_perplexity", "test_bleu"}
-X_LABELS = {"h": "heads h (d_k = d_v = d_model / h)", "shape": "heads and head size (h, d_k = d_v)", "kv": "KV heads (h = 8)", "dk": "query/key width d_k per head (h = 8, d_v fixed)",
-            "attention": "attention_type (h = 8)"}
+X_LABELS = {
+    "h": "heads h (d_k = d_v = d_model / h)",
+    "shape": "heads and head size (h, d_k = d_v)",
+    "kv": "KV heads (h = 8)",
+    "dk": "query/key width d_k per head (h = 8, d_v fixed)",
+    "attention": "attention_type (h = 8)",
+}
 DECODE_PANEL = ("kv", "attention")  # sweeps whose plot adds decode speed and cache size
 
 
@@ -60,7 +94,9 @@ def collect(results_dir: Path, names: list[str] | None = None) -> list[Path]:
         dirs = [d for d in dirs if d.name in names]
         missing = sorted(set(names) - {d.name for d in dirs})
         if missing:
-            raise FileNotFoundError(f"--results_dir {results_dir} holds no sweep {', '.join(missing)} (no NAME/{store.SPEC_FILE})")
+            raise FileNotFoundError(
+                f"--results_dir {results_dir} holds no sweep {', '.join(missing)} (no NAME/{store.SPEC_FILE})"
+            )
     if not dirs:
         raise FileNotFoundError(f"--results_dir {results_dir} holds no sweep (no NAME/{store.SPEC_FILE})")
     paths = []
@@ -74,8 +110,12 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     results = store.load_results(sweep_dir, spec)
     if not results:
         raise FileNotFoundError(f"no finished point in {sweep_dir} (none has {store.RESULT_FILE})")
-    configs = {(r["value"], r["seed"]): json.loads((store.point_path(sweep_dir, spec["key"], r["value"], r["seed"]) / "config.json").read_text())
-               for r in results}
+    configs = {
+        (r["value"], r["seed"]): json.loads(
+            (store.point_path(sweep_dir, spec["key"], r["value"], r["seed"]) / "config.json").read_text()
+        )
+        for r in results
+    }
     for r in results:  # the step a run trained to, beside the step it is scored at (its best dev loss)
         r["num_train_steps"] = configs[r["value"], r["seed"]]["num_train_steps"]
     rows = aggregate(results, significance.seed_pair_p_values(sweep_dir, spec, results))
@@ -83,9 +123,16 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".png")]
     split = next(iter(configs.values()))["data"]["eval_split"]
     run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
-    paths[0].write_text(seed_markdown(results, spec) + contrasts_markdown(results, spec) + batches_markdown(results, spec)
-                        + sweep_sensitivity_markdown(results, spec) + per_seed_markdown(results, spec)
-                        + "\n## Means over seeds\n\n" + markdown(rows, spec) + curves_markdown(run_curves, spec))
+    paths[0].write_text(
+        seed_markdown(results, spec)
+        + contrasts_markdown(results, spec)
+        + batches_markdown(results, spec)
+        + sweep_sensitivity_markdown(results, spec)
+        + per_seed_markdown(results, spec)
+        + "\n## Means over seeds\n\n"
+        + markdown(rows, spec)
+        + curves_markdown(run_curves, spec)
+    )
     write_csv(rows, paths[1])
     plot(rows, spec["key"], paths[2])
     if any(curve for _, curve in run_curves):
@@ -135,20 +182,37 @@ def _signed(x: float, fmt: str = ".2f") -> str:
 
 def comparison_cells(c: significance.SeedComparison) -> list[str]:
     ci = "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
-    return [_signed(c.difference), ci, _signed(c.hedges_g), _p(c.p), _p(c.p_holm), _p(c.tost_p_holm),
-            "–" if math.isnan(c.mdd) else f"{c.mdd:.2f}", f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict]
+    return [
+        _signed(c.difference),
+        ci,
+        _signed(c.hedges_g),
+        _p(c.p),
+        _p(c.p_holm),
+        _p(c.tost_p_holm),
+        "–" if math.isnan(c.mdd) else f"{c.mdd:.2f}",
+        f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict,
+    ]
 
 
-COMPARISON_TITLES = ["difference (BLEU)", "95 % CI", "Hedges' g", "p (Welch, two-sided)", "p, Holm",
-                     f"equivalence p (TOST ±{significance.MARGIN:g}), Holm", "detectable difference (80 % power at Holm's α / m)",
-                     "verdict"]
+COMPARISON_TITLES = [
+    "difference (BLEU)",
+    "95 % CI",
+    "Hedges' g",
+    "p (Welch, two-sided)",
+    "p, Holm",
+    f"equivalence p (TOST ±{significance.MARGIN:g}), Holm",
+    "detectable difference (80 % power at Holm's α / m)",
+    "verdict",
+]
 
 
 def detectable_text(family: int, what: str) -> str:
     """How the detectable-difference column is computed, with its level for a Holm family of `family`."""
     level = significance.ALPHA / family
-    return (f"Detectable difference: what a two-sided t test at {significance.ALPHA:g} / {family} = {level:.4f} (Holm's "
-            f"strictest step over {what}) finds with {significance.POWER * 100:g} % power at these seeds' spread (the noncentral t)")
+    return (
+        f"Detectable difference: what a two-sided t test at {significance.ALPHA:g} / {family} = {level:.4f} (Holm's "
+        f"strictest step over {what}) finds with {significance.POWER * 100:g} % power at these seeds' spread (the noncentral t)"
+    )
 
 
 def reference_comparisons(results: list[dict], spec: dict) -> dict[int | str, significance.SeedComparison]:
@@ -157,8 +221,9 @@ def reference_comparisons(results: list[dict], spec: dict) -> dict[int | str, si
     bleu, reference = bleu_by_value(results), spec["reference"]
     if reference not in bleu:
         return {}
-    return significance.table_comparisons({v: b for v, b in bleu.items() if v != reference}, bleu[reference],
-                                          planned=len(spec["values"]) - 1)
+    return significance.table_comparisons(
+        {v: b for v, b in bleu.items() if v != reference}, bleu[reference], planned=len(spec["values"]) - 1
+    )
 
 
 def seed_markdown(results: list[dict], spec: dict) -> str:
@@ -174,15 +239,22 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
     base = next((r for r in results if r["value"] == reference), {})
     titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, "scored steps (seed 0 / 1 / ...)"]
     titles += [f"paper: dev BLEU − {key}={reference}'s"] if paper else []
-    lines = [f"## Test BLEU against {key} = {reference}, over seeds (the primary result)\n",
-             "| " + " | ".join(titles) + " |", "|---|---:|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|---|" + ("---:|" if paper else "")]
+    lines = [
+        f"## Test BLEU against {key} = {reference}, over seeds (the primary result)\n",
+        "| " + " | ".join(titles) + " |",
+        "|---|---:|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|---|" + ("---:|" if paper else ""),
+    ]
     for value in spec["values"]:
         runs = [r for r in results if r["value"] == value]
         if not runs:
             lines.append(f"| {value} | 0 | not run yet |" + " |" * (len(titles) - 3))
             continue
         cells = [str(value), str(len(runs)), f"{statistics.fmean(bleu[value]):.2f}"]
-        cells += ["reference"] + [""] * (len(COMPARISON_TITLES) - 1) if value == reference else comparison_cells(compared[value])
+        cells += (
+            ["reference"] + [""] * (len(COMPARISON_TITLES) - 1)
+            if value == reference
+            else comparison_cells(compared[value])
+        )
         cells.append(_steps(runs))
         if paper:
             ours, theirs = paper_numbers(key, runs[0]), paper_numbers(key, base)
@@ -195,7 +267,7 @@ Each seed is one training run, scored with beam 4 on {spec.get("test_split") or 
 (the scored steps; the runs train to the step after "of"). Difference: mean test BLEU of the row's seeds minus the
 reference's, with Welch's 95 % confidence interval; Hedges' g: that difference in pooled seed sds (small-sample
 corrected); p: Welch's two-sided t test, seeds as the unit of replication; Holm: adjusted over this table's {holm_m}
-comparison{'' if holm_m == 1 else 's'}. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
+comparison{"" if holm_m == 1 else "s"}. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
 one seed's sd here), Holm-adjusted. {detectable_text(holm_m, "this table's comparisons")}. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.05, "equivalent within
 ±{significance.MARGIN:g}" when the Holm-adjusted equivalence p < 0.05, else undetermined (docs/sweeps.md,
 "Significance").
@@ -209,7 +281,9 @@ def verdict_line(key: str, compared: dict) -> str:
     for value, c in compared.items():
         groups.setdefault(c.verdict, []).append(f"{value}")
     order = [v for v in significance.VERDICTS if v in groups]
-    return "**Reading.** " + " ".join(f"{verdict[0].upper()}{verdict[1:]}: {key} = {', '.join(groups[verdict])}." for verdict in order)
+    return "**Reading.** " + " ".join(
+        f"{verdict[0].upper()}{verdict[1:]}: {key} = {', '.join(groups[verdict])}." for verdict in order
+    )
 
 
 def contrasts_markdown(results: list[dict], spec: dict) -> str:
@@ -220,23 +294,41 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
         return ""
     bleu = bleu_by_value(results)
     ready = {label: (bleu[a], bleu[b]) for label, a, b in contrasts if a in bleu and b in bleu}
-    tests = significance.adjust({label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}, len(contrasts))
+    tests = significance.adjust(
+        {label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}, len(contrasts)
+    )
     titles = ["comparison", "from → to", "seeds", *COMPARISON_TITLES]
-    lines = ["## The decomposition: one change at a time\n", "| " + " | ".join(titles) + " |", "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|"]
+    lines = [
+        "## The decomposition: one change at a time\n",
+        "| " + " | ".join(titles) + " |",
+        "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|",
+    ]
     for label, a, b in contrasts:
         if label not in tests:
             missing = " and ".join(v for v in (a, b) if v not in bleu)
             lines.append(f"| {label} | {a} → {b} | – | {missing} not run yet |" + " |" * (len(COMPARISON_TITLES) - 1))
             continue
-        lines.append(f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | " + " | ".join(comparison_cells(tests[label])) + " |")
+        lines.append(
+            f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | "
+            + " | ".join(comparison_cells(tests[label]))
+            + " |"
+        )
     family = significance.family_size([c.p for c in tests.values()], len(contrasts))
-    lines.append("\nDifference: mean test BLEU of the right-hand value's seeds minus the left-hand one's; the columns as "
-                 f"in the table above, Holm over these {family} comparisons. {detectable_text(family, 'these comparisons')}.\n")
+    lines.append(
+        "\nDifference: mean test BLEU of the right-hand value's seeds minus the left-hand one's; the columns as "
+        f"in the table above, Holm over these {family} comparisons. {detectable_text(family, 'these comparisons')}.\n"
+    )
     return "\n".join(lines) + "\n"
 
 
-PER_SEED = [("scored step", "step", "{:,d}"), ("dev loss", "dev_loss", "{:.3f}"), ("dev PPL", "dev_perplexity", "{:.2f}"),
-            ("dev BLEU", "dev_bleu", "{:.2f}"), ("test PPL", "test_perplexity", "{:.2f}"), ("test BLEU", "test_bleu", "{:.2f}")]
+PER_SEED = [
+    ("scored step", "step", "{:,d}"),
+    ("dev loss", "dev_loss", "{:.3f}"),
+    ("dev PPL", "dev_perplexity", "{:.2f}"),
+    ("dev BLEU", "dev_bleu", "{:.2f}"),
+    ("test PPL", "test_perplexity", "{:.2f}"),
+    ("test BLEU", "test_bleu", "{:.2f}"),
+]
 
 
 def per_seed_markdown(results: list[dict], spec: dict) -> str:
@@ -244,14 +336,21 @@ def per_seed_markdown(results: list[dict], spec: dict) -> str:
     key = spec["key"]
     columns = [c for c in PER_SEED if any(c[1] in r for r in results)]
     letters = batch_letters(results)
-    lines = ["## Per seed\n", f"| {key} | seed | " + " | ".join(t for t, _, _ in columns) + " | trained steps | batch |",
-             "|---|---:|" + "---:|" * (len(columns) + 1) + "---|"]
+    lines = [
+        "## Per seed\n",
+        f"| {key} | seed | " + " | ".join(t for t, _, _ in columns) + " | trained steps | batch |",
+        "|---|---:|" + "---:|" * (len(columns) + 1) + "---|",
+    ]
     for r in results:
         cells = [fmt.format(r[field]) if field in r else "–" for _, field, fmt in columns]
         trained = f"{r['num_train_steps']:,}" if "num_train_steps" in r else "–"
-        lines.append(f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} | {letters[batch_label(r)]} |")
-    lines.append("\nScored step: the checkpoint with the lowest dev loss, which every score of the run is computed at. "
-                 "Batch: the run's commit × CPU kind (Batches, above).\n")
+        lines.append(
+            f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} | {letters[batch_label(r)]} |"
+        )
+    lines.append(
+        "\nScored step: the checkpoint with the lowest dev loss, which every score of the run is computed at. "
+        "Batch: the run's commit × CPU kind (Batches, above).\n"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -294,19 +393,36 @@ def batches_legend(groups: dict[object, list[dict]], key: str, letters: dict[str
             continue
         named = "; ".join(f"{point}: {', '.join(map(str, seeds))}" for point, seeds in runs[label].items())
         lines.append(f"| {letter} | {label} | {named} |")
-    lines.append("\nA batch is the commit a run trained on × the CPU kind that ran it (result.json's `commit` and `machine`; "
-                 "\"unrecorded\" where it has none). The preset's training differs in its last bits across CPU kinds "
-                 "(results/README.md), so a comparison whose sides ran in different batches also compares batches.\n")
+    lines.append(
+        "\nA batch is the commit a run trained on × the CPU kind that ran it (result.json's `commit` and `machine`; "
+        '"unrecorded" where it has none). The preset\'s training differs in its last bits across CPU kinds '
+        "(results/README.md), so a comparison whose sides ran in different batches also compares batches.\n"
+    )
     return "\n".join(lines) + "\n"
 
 
-SENSITIVITY_TITLES = ["batches by seed (from → to)", "crosses batches", "paired seeds", "difference, paired (BLEU)", "95 % CI",
-                      "p (paired t, two-sided)", "p, Holm", "95 % CI, pooled variance", "p (pooled t, two-sided)", "p, Holm",
-                      "primary: p, Holm (Welch)"]
+SENSITIVITY_TITLES = [
+    "batches by seed (from → to)",
+    "crosses batches",
+    "paired seeds",
+    "difference, paired (BLEU)",
+    "95 % CI",
+    "p (paired t, two-sided)",
+    "p, Holm",
+    "95 % CI, pooled variance",
+    "p (pooled t, two-sided)",
+    "p, Holm",
+    "primary: p, Holm (Welch)",
+]
 
 
-def sensitivity_table(comparisons: dict[str, tuple], groups: dict[object, list[dict]], family: int,
-                      primary: dict[str, significance.SeedComparison], letters: dict[str, str]) -> list[str]:
+def sensitivity_table(
+    comparisons: dict[str, tuple],
+    groups: dict[object, list[dict]],
+    family: int,
+    primary: dict[str, significance.SeedComparison],
+    letters: dict[str, str],
+) -> list[str]:
     """The markdown lines of one family's sensitivity table. `comparisons`: label -> (from, to), two keys of
     `groups` (each a point's runs); a comparison a side of which has no scored seed is left out (the primary
     table says "not run yet"). Each row: its seeds' batches, whether it crosses batches, seeds as blocks
@@ -315,18 +431,33 @@ def sensitivity_table(comparisons: dict[str, tuple], groups: dict[object, list[d
     seeds = {k: {r["seed"]: r["test_bleu"] for r in runs if "test_bleu" in r} for k, runs in groups.items()}
     seeds = {k: by_seed for k, by_seed in seeds.items() if by_seed}
     ready = {label: pair for label, pair in comparisons.items() if all(side in seeds for side in pair)}
-    paired = significance.adjust({label: significance.paired_seeds(seeds[to], seeds[start]) for label, (start, to) in ready.items()},
-                                 family)
-    pooled = significance.adjust(significance.pooled_contrasts({k: list(s.values()) for k, s in seeds.items()}, ready), family)
-    lines = ["| comparison | " + " | ".join(SENSITIVITY_TITLES) + " |", "|---|---|---|---:|" + "---:|" * (len(SENSITIVITY_TITLES) - 3)]
+    paired = significance.adjust(
+        {label: significance.paired_seeds(seeds[to], seeds[start]) for label, (start, to) in ready.items()}, family
+    )
+    pooled = significance.adjust(
+        significance.pooled_contrasts({k: list(s.values()) for k, s in seeds.items()}, ready), family
+    )
+    lines = [
+        "| comparison | " + " | ".join(SENSITIVITY_TITLES) + " |",
+        "|---|---|---|---:|" + "---:|" * (len(SENSITIVITY_TITLES) - 3),
+    ]
     for label, (start, to) in ready.items():
         a, b = paired[label], pooled[label]
         batch_of = [{r["seed"]: batch_label(r) for r in groups[side]} for side in (start, to)]
         within = sum(batch_of[0][seed] == batch_of[1][seed] for seed in a.seeds)
-        cells = [" → ".join(" ".join(seed_batches(groups[side], letters)) for side in (start, to)),
-                 "yes" if crosses_batches(groups[start] + groups[to]) else "no",
-                 f"{_seed_list(a.seeds)} ({within} in one batch)", _signed(a.difference),
-                 _ci(a), _p(a.p), _p(a.p_holm), _ci(b), _p(b.p), _p(b.p_holm), _p(primary[label].p_holm) if label in primary else "–"]
+        cells = [
+            " → ".join(" ".join(seed_batches(groups[side], letters)) for side in (start, to)),
+            "yes" if crosses_batches(groups[start] + groups[to]) else "no",
+            f"{_seed_list(a.seeds)} ({within} in one batch)",
+            _signed(a.difference),
+            _ci(a),
+            _p(a.p),
+            _p(a.p_holm),
+            _ci(b),
+            _p(b.p),
+            _p(b.p_holm),
+            _p(primary[label].p_holm) if label in primary else "–",
+        ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
@@ -356,22 +487,27 @@ def _seed_list(seeds: tuple[int, ...]) -> str:
 
 def sensitivity_text(family: str, runs: int, points: int) -> str:
     """What the sensitivity tables compute; `family`: which comparisons each Holm adjustment runs over."""
-    return (f"Sensitivity analyses re-test the primary comparisons under two other models of the seeds, so that a reader "
-            f"sees how much the reading leans on Welch's; they give no verdicts (the primary table does). Seeds as blocks: "
-            f"a seed fixes the data order of every point that runs it, so seed k of two points covary; the paired t test "
-            f"takes the difference within each seed both sides have (paired seeds; how many of those pairs ran in one "
-            f"batch), two-sided, Holm over {family}. "
-            f"Pooled variance: one residual variance pooled over all {runs} runs of the {points} points (one-way ANOVA's "
-            f"within-point mean square, {runs - points} df), each difference tested against it (se s √(1/n₁ + 1/n₂)), "
-            f"two-sided, Holm over {family}: it assumes every point as noisy as every other, which Welch does not. "
-            f"Batches by seed: the batch letter of each seed, in seed order (Batches, above); a comparison crosses batches "
-            f"when its seeds ran in more than one.")
+    return (
+        f"Sensitivity analyses re-test the primary comparisons under two other models of the seeds, so that a reader "
+        f"sees how much the reading leans on Welch's; they give no verdicts (the primary table does). Seeds as blocks: "
+        f"a seed fixes the data order of every point that runs it, so seed k of two points covary; the paired t test "
+        f"takes the difference within each seed both sides have (paired seeds; how many of those pairs ran in one "
+        f"batch), two-sided, Holm over {family}. "
+        f"Pooled variance: one residual variance pooled over all {runs} runs of the {points} points (one-way ANOVA's "
+        f"within-point mean square, {runs - points} df), each difference tested against it (se s √(1/n₁ + 1/n₂)), "
+        f"two-sided, Holm over {family}: it assumes every point as noisy as every other, which Welch does not. "
+        f"Batches by seed: the batch letter of each seed, in seed order (Batches, above); a comparison crosses batches "
+        f"when its seeds ran in more than one."
+    )
 
 
 def batch_summary(comparisons: dict[str, tuple], groups: dict[object, list[dict]]) -> str:
     """One line: which comparisons (those with seeds on both sides) ran within one batch, which crossed."""
     ready = {label: pair for label, pair in comparisons.items() if all(groups.get(side) for side in pair)}
-    split = {flag: [label for label, (a, b) in ready.items() if crosses_batches(groups[a] + groups[b]) == flag] for flag in (False, True)}
+    split = {
+        flag: [label for label, (a, b) in ready.items() if crosses_batches(groups[a] + groups[b]) == flag]
+        for flag in (False, True)
+    }
     return f"**Batches.** Within one batch: {'; '.join(split[False]) or 'none'}. Crossing batches: {'; '.join(split[True]) or 'none'}."
 
 
@@ -388,20 +524,37 @@ def sweep_sensitivity_markdown(results: list[dict], spec: dict) -> str:
     label = {v: f"{key} = {reference} → {v}" for v in spec["values"] if v != reference}
     comparisons = {label[v]: (reference, v) for v in label}
     family = significance.family_size([c.p for c in primary.values()], len(label))
-    lines = ["## Sensitivity (no verdicts): seeds as blocks, one pooled variance\n", f"Against {key} = {reference}:\n",
-             *sensitivity_table(comparisons, groups, family, {label[v]: c for v, c in primary.items()}, letters)]
+    lines = [
+        "## Sensitivity (no verdicts): seeds as blocks, one pooled variance\n",
+        f"Against {key} = {reference}:\n",
+        *sensitivity_table(comparisons, groups, family, {label[v]: c for v, c in primary.items()}, letters),
+    ]
     contrasts = {name: (a, b) for name, a, b in spec.get("contrasts") or []}
     if contrasts:
         bleu = bleu_by_value(results)
-        tests = significance.adjust({name: significance.compare_seeds(bleu[b], bleu[a]) for name, (a, b) in contrasts.items()
-                                     if a in bleu and b in bleu}, len(contrasts))
+        tests = significance.adjust(
+            {
+                name: significance.compare_seeds(bleu[b], bleu[a])
+                for name, (a, b) in contrasts.items()
+                if a in bleu and b in bleu
+            },
+            len(contrasts),
+        )
         lines += ["", "The decomposition:\n", *sensitivity_table(contrasts, groups, len(contrasts), tests, letters)]
-    lines.append("\n" + sensitivity_text("the same family as the primary table's", sum(map(len, groups.values())), len(groups)))
+    lines.append(
+        "\n" + sensitivity_text("the same family as the primary table's", sum(map(len, groups.values())), len(groups))
+    )
     lines.append("\n" + batch_summary(comparisons | contrasts, groups) + "\n")
     return "\n".join(lines) + "\n"
 
 
-PER_SEED_FIELDS = ("step", "dev_bleu", "test_bleu", "dev_perplexity", "test_perplexity")  # labelled per-seed CSV columns
+PER_SEED_FIELDS = (
+    "step",
+    "dev_bleu",
+    "test_bleu",
+    "dev_perplexity",
+    "test_perplexity",
+)  # labelled per-seed CSV columns
 
 
 def aggregate(results: list[dict], p_values: dict | None = None) -> list[dict]:
@@ -424,9 +577,18 @@ def aggregate(results: list[dict], p_values: dict | None = None) -> list[dict]:
             for r in runs:
                 if field in r and "seed" in r:
                     row[f"{field}_seed{r['seed']}"] = r[field]
-        row["commits"] = ", ".join(dict.fromkeys(
-            r["commit"][:10] + (" (dirty)" if r["dirty"] else "") + (f" (run of {r['shared_from'].rsplit('/', 1)[0]})" if "shared_from" in r else "")
-            for r in runs if "commit" in r)) or "–"
+        row["commits"] = (
+            ", ".join(
+                dict.fromkeys(
+                    r["commit"][:10]
+                    + (" (dirty)" if r["dirty"] else "")
+                    + (f" (run of {r['shared_from'].rsplit('/', 1)[0]})" if "shared_from" in r else "")
+                    for r in runs
+                    if "commit" in r
+                )
+            )
+            or "–"
+        )
         row["machines"] = machines(runs)
         if p_values and value in p_values:
             given = p_values[value]
@@ -461,7 +623,11 @@ def markdown(rows: list[dict], spec: dict) -> str:
     columns = [c for c in COLUMNS.get(key, HEADS) if any(c[1] in row or f"{c[1]}_mean" in row for row in rows)]
     paper = key in ("h", "dk")
     p_title = f"per seed pair: test BLEU p vs {key}={reference}'s same seed (secondary; two-sided paired randomization)"
-    titles = [t for t, _, _ in columns] + (["paper dev PPL", "paper dev BLEU"] if paper else []) + [p_title, "seeds", "commits", "machines"]
+    titles = (
+        [t for t, _, _ in columns]
+        + (["paper dev PPL", "paper dev BLEU"] if paper else [])
+        + [p_title, "seeds", "commits", "machines"]
+    )
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
     for row in rows:
         cells = []
@@ -473,17 +639,21 @@ def markdown(rows: list[dict], spec: dict) -> str:
                 cells.append(fmt.format(row[field + "_mean"] if f"{field}_mean" in row else row[field]))
         if paper:
             cells += [f"{x}" for x in paper_numbers(key, row) or ("–", "–")]
-        cells.append("reference" if row["value"] == reference else " / ".join(_pair_p(p) for p in row.get("p_values", [])) or "–")
+        cells.append(
+            "reference" if row["value"] == reference else " / ".join(_pair_p(p) for p in row.get("p_values", [])) or "–"
+        )
         cells.append(str(row["seeds"]))
         cells.append(row["commits"])
         cells.append(row["machines"])
         lines.append("| " + " | ".join(cells) + " |")
-    note = (f"\nMean ± sample sd over seeds. Per seed pair (secondary): sacreBLEU's paired approximate randomization "
-            f"({significance.AR_TRIALS:,} trials, two-sided) of test BLEU, seed k of the point against seed k of "
-            f"{key}={reference}, one p per seed pair, unadjusted: it holds the two trained models fixed, so it tests "
-            f"the test set's sampling, not the configuration (the seed-level table above does). Speed columns "
-            f"(tokens/s, wall s) are means over the row's runs, each timed on the machine named in machines: they compare "
-            f"only between rows timed on one machine.\n")
+    note = (
+        f"\nMean ± sample sd over seeds. Per seed pair (secondary): sacreBLEU's paired approximate randomization "
+        f"({significance.AR_TRIALS:,} trials, two-sided) of test BLEU, seed k of the point against seed k of "
+        f"{key}={reference}, one p per seed pair, unadjusted: it holds the two trained models fixed, so it tests "
+        f"the test set's sampling, not the configuration (the seed-level table above does). Speed columns "
+        f"(tokens/s, wall s) are means over the row's runs, each timed on the machine named in machines: they compare "
+        f"only between rows timed on one machine.\n"
+    )
     return "\n".join(lines) + "\n" + note
 
 
@@ -503,17 +673,24 @@ def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict
     mean = statistics.fmean
     spread = lambda xs, fmt: f" ± {statistics.stdev(xs):{fmt}}" if len(xs) > 1 else ""  # in its mean's format
     reference_steps = mean(per_value[reference]["steps"]) if reference in per_value else None
-    lines = [f"\n## Dev curves ({evaluation_cadence([curve for _, curve in run_curves])})\n",
-             f"| {key} | final dev loss | dev PPL gain over the last 20 % of steps | steps to dev loss {target:.3f} | "
-             f"÷ {key}={reference}'s | runs |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"\n## Dev curves ({evaluation_cadence([curve for _, curve in run_curves])})\n",
+        f"| {key} | final dev loss | dev PPL gain over the last 20 % of steps | steps to dev loss {target:.3f} | "
+        f"÷ {key}={reference}'s | runs |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for value, entry in per_value.items():
         steps = mean(entry["steps"])
         ratio = f"{steps / reference_steps:.2f}" if reference_steps else "–"
-        lines.append(f"| {value} | {mean(entry['final']):.3f}{spread(entry['final'], '.3f')} | "
-                     f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']], '.2f')} | "
-                     f"{steps:,.0f}{spread(entry['steps'], ',.0f')} | {ratio} | {len(entry['final'])} |")
-    lines.append(f"\nDev loss is the NLL per target token. Steps to {target:.3f} (the highest final dev loss of any run, "
-                 "so every run reaches it) are interpolated linearly between evaluations; mean ± sd over seeds.\n")
+        lines.append(
+            f"| {value} | {mean(entry['final']):.3f}{spread(entry['final'], '.3f')} | "
+            f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']], '.2f')} | "
+            f"{steps:,.0f}{spread(entry['steps'], ',.0f')} | {ratio} | {len(entry['final'])} |"
+        )
+    lines.append(
+        f"\nDev loss is the NLL per target token. Steps to {target:.3f} (the highest final dev loss of any run, "
+        "so every run reaches it) are interpolated linearly between evaluations; mean ± sd over seeds.\n"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -526,8 +703,13 @@ def evaluation_cadence(run_curves: list[curves.Curve]) -> str:
         lengths.setdefault(curve[1][0] - curve[0][0], set()).add(curve[-1][0])
     if len(lengths) == 1:
         return f"evaluated every {next(iter(lengths)):,} steps"
-    parts = [f"{every:,}" + (" steps" if i == 0 else "") + f" (runs of {' and '.join(f'{n:,}' for n in sorted(ends))}"
-             + (" steps)" if i == 0 else ")") for i, (every, ends) in enumerate(sorted(lengths.items()))]
+    parts = [
+        f"{every:,}"
+        + (" steps" if i == 0 else "")
+        + f" (runs of {' and '.join(f'{n:,}' for n in sorted(ends))}"
+        + (" steps)" if i == 0 else ")")
+        for i, (every, ends) in enumerate(sorted(lengths.items()))
+    ]
     return "evaluated every " + ", every ".join(parts)
 
 
@@ -538,8 +720,14 @@ def plot_curves(run_curves: list[tuple[int | str, curves.Curve]], key: str, path
     labelled = set()
     for value, curve in run_curves:
         if curve:
-            ax.plot([c[0] for c in curve], [c[1] for c in curve], "-", color=colours[value], alpha=0.8,
-                    label=None if value in labelled else f"{key} = {value}")
+            ax.plot(
+                [c[0] for c in curve],
+                [c[1] for c in curve],
+                "-",
+                color=colours[value],
+                alpha=0.8,
+                label=None if value in labelled else f"{key} = {value}",
+            )
             labelled.add(value)
     ax.set(xlabel="training step", ylabel="dev loss (NLL per token)", yscale="log")
     ax.grid(alpha=0.3)
@@ -564,9 +752,18 @@ def plot(rows: list[dict], key: str, path: Path) -> None:
     x = _positions(values)
     panels = 3 if key in DECODE_PANEL else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
-    for ax, field, label, paper_index in ((axes[0], "dev_bleu", "dev BLEU", 1), (axes[1], "dev_perplexity", "dev perplexity", 0)):
-        ax.errorbar(x, [r[field + "_mean"] for r in rows], yerr=[r[field + "_std"] for r in rows],
-                    marker="o", capsize=4, label="headcount, Multi30k de→en (mean ± std)")
+    for ax, field, label, paper_index in (
+        (axes[0], "dev_bleu", "dev BLEU", 1),
+        (axes[1], "dev_perplexity", "dev perplexity", 0),
+    ):
+        ax.errorbar(
+            x,
+            [r[field + "_mean"] for r in rows],
+            yerr=[r[field + "_std"] for r in rows],
+            marker="o",
+            capsize=4,
+            label="headcount, Multi30k de→en (mean ± std)",
+        )
         _value_axis(ax, values, X_LABELS.get(key, key))
         ax.set_ylabel(label)
         if key == "h":
@@ -581,11 +778,18 @@ def plot(rows: list[dict], key: str, path: Path) -> None:
     if key in DECODE_PANEL:
         ax = axes[2]
         for beam in (1, 4):
-            ax.plot(x, [r[f"decode_tokens_per_s_beam{beam}_mean"] for r in rows], "o-", label=f"decode tokens/s, beam {beam}")
+            ax.plot(
+                x,
+                [r[f"decode_tokens_per_s_beam{beam}_mean"] for r in rows],
+                "o-",
+                label=f"decode tokens/s, beam {beam}",
+            )
         _value_axis(ax, values, X_LABELS.get(key, key))
         ax.set_ylabel("decode tokens/s")
         twin = ax.twinx()
-        twin.plot(x, [r["kv_cache_bytes_per_token_mean"] for r in rows], "s--", color="tab:gray", label="KV-cache bytes/token")
+        twin.plot(
+            x, [r["kv_cache_bytes_per_token_mean"] for r in rows], "s--", color="tab:gray", label="KV-cache bytes/token"
+        )
         twin.set_ylabel("KV-cache bytes per token", color="tab:gray")
         handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
         ax.legend(handles=handles, fontsize=8, loc="best")

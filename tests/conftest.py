@@ -23,7 +23,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # another precision scopes it itself (`jax.default_matmul_precision(...)` or a `precision=` argument).
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", os.environ["JAX_DEFAULT_MATMUL_PRECISION"])

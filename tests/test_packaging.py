@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 APPLICATION = ("models", "training", "backends", "sweeps", "analysis", "experiments", "bench", "configs")
 
-USER_CODE = '''
+USER_CODE = """
 import importlib, sys
 import jax, jax.numpy as jnp
 import flax.linen as nn
@@ -59,14 +59,14 @@ for name in sys.argv[1:]:
         continue
     raise SystemExit(f"{name} is importable from the library's venv")
 print("ok", attention.__version__)
-'''
+"""
 
 
 @pytest.mark.slow
 def test_the_wheel_installs_attention_alone_and_works_from_elsewhere(tmp_path):
     wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = lambda *cmd, cwd=ROOT: subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200)  # noqa: E731
+    run = lambda *cmd, cwd=ROOT: subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200)
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT))
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = wheels.glob("headcount-*.whl")
@@ -79,7 +79,14 @@ def test_the_wheel_installs_attention_alone_and_works_from_elsewhere(tmp_path):
     installed = run(str(python), "-m", "pip", "install", "-q", "-c", str(ROOT / "requirements.lock"), str(wheel))
     assert installed.returncode == 0, installed.stderr[-2000:]
     names = run(str(python), "-m", "pip", "list", "--format=freeze").stdout.lower()
-    for research_only in ("tensorflow-datasets", "sacrebleu", "sentencepiece", "submitit", "ml-collections", "tensorboardx"):
+    for research_only in (
+        "tensorflow-datasets",
+        "sacrebleu",
+        "sentencepiece",
+        "submitit",
+        "ml-collections",
+        "tensorboardx",
+    ):
         assert f"\n{research_only}==" not in f"\n{names}", research_only
 
     (elsewhere / "user.py").write_text(USER_CODE)

@@ -22,11 +22,24 @@ MODEL = dict(vocab_size=20, d_model=32, num_heads=4, num_layers=2, mlp_dim=48, m
 # max_len = the only bucket: dev pairs are cut to it, so the dev set is one batch shape (one compile).
 # float32: the reference the bfloat16 test compares with ('auto' is test_precision.py's).
 TRAIN = {
-    "num_train_steps": 20, "log_every_steps": 5, "eval_every_steps": 10, "checkpoint_every_steps": 10,
-    "data.train_limit": 300, "data.vocab_size": 300, "data.token_budget": 512, "data.bucket_lengths": (64,),
-    "model.d_model": 16, "model.num_heads": 2, "model.num_layers": 1, "model.mlp_dim": 32, "model.max_len": 64,
-    "model.dtype": "float32", "eval.bleu_examples": 8, "eval.max_extra_length": 5,
+    "num_train_steps": 20,
+    "log_every_steps": 5,
+    "eval_every_steps": 10,
+    "checkpoint_every_steps": 10,
+    "data.train_limit": 300,
+    "data.vocab_size": 300,
+    "data.token_budget": 512,
+    "data.bucket_lengths": (64,),
+    "model.d_model": 16,
+    "model.num_heads": 2,
+    "model.num_layers": 1,
+    "model.mlp_dim": 32,
+    "model.max_len": 64,
+    "model.dtype": "float32",
+    "eval.bleu_examples": 8,
+    "eval.max_extra_length": 5,
 }
+
 
 def model_config(**overrides) -> TransformerConfig:
     """`MODEL` with `overrides` (any `TransformerConfig` field)."""

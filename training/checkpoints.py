@@ -57,12 +57,21 @@ class Checkpoints:
     def __init__(self, workdir: str | Path, keep: int, read_only: bool = False, protected: int | None = None):
         workdir = Path(workdir).absolute()
         self.read_only, self.keep, self.protected = read_only, keep, protected
-        self.latest = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep if protected is None else None, read_only=read_only, create=not read_only))
+        self.latest = ocp.CheckpointManager(
+            workdir / "checkpoints",
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep if protected is None else None, read_only=read_only, create=not read_only
+            ),
+        )
         self.best = ocp.CheckpointManager(
             workdir / "best",
-            options=ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m["dev_loss"], best_mode="min",
-                                                 read_only=read_only, create=not read_only),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=1,
+                best_fn=lambda m: m["dev_loss"],
+                best_mode="min",
+                read_only=read_only,
+                create=not read_only,
+            ),
         )
 
     def save(self, step: int, state) -> None:
@@ -81,7 +90,7 @@ class Checkpoints:
             _write_checksums(self.latest, step, state)
             if self.protected is not None:  # rotation by hand: the `keep` newest and the protected step
                 rotated = sorted(s for s in self.latest.all_steps() if s != self.protected)
-                for old in rotated[:max(0, len(rotated) - self.keep)]:
+                for old in rotated[: max(0, len(rotated) - self.keep)]:
                     self.latest.delete(old)
 
     def save_if_best(self, step: int, state, dev_loss: float) -> None:
@@ -109,14 +118,19 @@ class Checkpoints:
         if state is None and unreadable:
             state, step, _ = _restore_newest(self.best, abstract_state)
             if state is not None:
-                logging.warning("no intact checkpoint in %s; resuming from the intact step %d in %s",
-                                self.latest.directory, step, self.best.directory)
+                logging.warning(
+                    "no intact checkpoint in %s; resuming from the intact step %d in %s",
+                    self.latest.directory,
+                    step,
+                    self.best.directory,
+                )
                 return state, step
             where = f"moved to {Path(self.latest.directory) / DAMAGED}" if not self.read_only else "left in place"
             raise NoIntactCheckpoint(
                 f"every checkpoint in {self.latest.directory} is damaged (steps {', '.join(map(str, sorted(unreadable)))}, "
                 f"{where}); nothing to resume from: pass --restart to start over (the old run is moved aside) "
-                "or use a new --workdir")
+                "or use a new --workdir"
+            )
         return state, step
 
     def restore_for_eval(self, abstract_state):
@@ -134,8 +148,12 @@ class Checkpoints:
         if state is not None:
             return state, step, Path(self.best.directory)
         if unreadable:
-            logging.warning("no readable checkpoint in %s (steps %s); using the latest in %s instead",
-                            self.best.directory, sorted(unreadable), self.latest.directory)
+            logging.warning(
+                "no readable checkpoint in %s (steps %s); using the latest in %s instead",
+                self.best.directory,
+                sorted(unreadable),
+                self.latest.directory,
+            )
         state, step = self.restore_latest(abstract_state)
         return state, step, Path(self.latest.directory)
 
@@ -213,7 +231,12 @@ def _restore_newest(manager, abstract_state):
             state = manager.restore(step, args=ocp.args.StandardRestore(target))
             _verify(manager, step, state)
         except Exception as error:  # a half-written or damaged step: fall back to the previous one
-            logging.warning("checkpoint %d in %s is unreadable (%s); trying an older one", step, manager.directory, str(error).splitlines()[0][:200])
+            logging.warning(
+                "checkpoint %d in %s is unreadable (%s); trying an older one",
+                step,
+                manager.directory,
+                str(error).splitlines()[0][:200],
+            )
             unreadable.append(step)
             continue
         return state, step, unreadable
@@ -226,8 +249,11 @@ def _path_name(path) -> str:
 
 def _arrays(tree) -> dict[str, tuple[tuple[int, ...], str]]:
     """{dotted name: (shape, dtype)} of a tree's array leaves."""
-    return {_path_name(path): (tuple(leaf.shape), str(leaf.dtype))
-            for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
+    return {
+        _path_name(path): (tuple(leaf.shape), str(leaf.dtype))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        if hasattr(leaf, "shape")
+    }
 
 
 class _RefusalFilter(logging.Filter):
@@ -277,9 +303,12 @@ def _check_same_arrays(manager, step: int, saved: dict | None, target) -> None:
             what = f"holds an array {extra[0]}, which the requested config does not build"
     for name in sorted(set(saved or {}) & set(wanted)):
         if what is None and saved[name] != wanted[name]:
-            what = (f"holds {name} {saved[name][0]} {saved[name][1]}, but the requested config builds "
-                    f"{wanted[name][0]} {wanted[name][1]}")
+            what = (
+                f"holds {name} {saved[name][0]} {saved[name][1]}, but the requested config builds "
+                f"{wanted[name][0]} {wanted[name][1]}"
+            )
     if what:
         raise ConfigMismatch(
             f"checkpoint {step} in {manager.directory} {what}: the requested config is not this run's "
-            "(resume with the config in its config.json, pass --restart to start over, or use a new --workdir)")
+            "(resume with the config in its config.json, pass --restart to start over, or use a new --workdir)"
+        )

@@ -72,9 +72,21 @@ def check_options(attention_type: str, options) -> dict:
     return options
 
 
-def check_call(owner: str, attention_type: str, geometry, *, is_self: bool, values_are_keys: bool, causal: bool,
-               decode: bool, attention_fn, dropout_rate: float, sow_weights: bool, fused_qkv: bool,
-               normalize_qk: bool) -> Member:
+def check_call(
+    owner: str,
+    attention_type: str,
+    geometry,
+    *,
+    is_self: bool,
+    values_are_keys: bool,
+    causal: bool,
+    decode: bool,
+    attention_fn,
+    dropout_rate: float,
+    sow_weights: bool,
+    fused_qkv: bool,
+    normalize_qk: bool,
+) -> Member:
     """The member named `attention_type`, once the layer's settings and this call are checked against it.
 
     `owner` names the layer class in the ValueError; `values_are_keys`: inputs_v is inputs_k.
@@ -87,8 +99,11 @@ def check_call(owner: str, attention_type: str, geometry, *, is_self: bool, valu
         (not spec.cross and not is_self, "inputs_k", "None: self-attention only"),
         (causal and not spec.causal, "is_causal", "False: the member cannot be causal (nor decode)"),
         (decode and spec.decode is None, "decode", "False: the member has no decoding"),
-        (not spec.grouped and geometry.num_kv_heads != geometry.num_heads, "num_kv_heads",
-         f"None or num_heads ({geometry.num_heads}): the member has no GQA/MQA"),
+        (
+            not spec.grouped and geometry.num_kv_heads != geometry.num_heads,
+            "num_kv_heads",
+            f"None or num_heads ({geometry.num_heads}): the member has no GQA/MQA",
+        ),
         ((spec.projects or spec.shared_qk) and fused_qkv, "fused_qkv", "False: the member projects differently"),
         (spec.projects and normalize_qk, "normalize_qk", "False: the member makes its own q/k"),
         (spec.projects and not values_are_keys, "inputs_v", "None or inputs_k: keys and values share a latent"),
@@ -102,14 +117,20 @@ def check_call(owner: str, attention_type: str, geometry, *, is_self: bool, valu
 def check_state_decode(attention_type: str, spec: Member, *, decode: bool, in_decode_mode: bool, lengths) -> None:
     """A member with its own decode state (`spec.decode == "state"`) decodes in that mode only, one position for all."""
     if spec.decode == "state" and decode != in_decode_mode:
-        raise ValueError(f"decode=True with attention_type={attention_type!r} needs the member's state: call "
-                         "init_cache(input_shape) or nnx.view(layer, decode=True, batch_size=..., max_length=...) "
-                         "first" if decode else f"decode=False with attention_type={attention_type!r} after "
-                         "init_cache / set_view(decode=True): the member is in decoding mode; run the full pass "
-                         "on a layer without the decode view")
+        raise ValueError(
+            f"decode=True with attention_type={attention_type!r} needs the member's state: call "
+            "init_cache(input_shape) or nnx.view(layer, decode=True, batch_size=..., max_length=...) "
+            "first"
+            if decode
+            else f"decode=False with attention_type={attention_type!r} after "
+            "init_cache / set_view(decode=True): the member is in decoding mode; run the full pass "
+            "on a layer without the decode view"
+        )
     if in_decode_mode and lengths is not None:
-        raise ValueError(f"lengths with attention_type={attention_type!r}: its decode state keeps one position for "
-                         "the whole batch; leave lengths None (per-sequence lengths need a KV-cache member)")
+        raise ValueError(
+            f"lengths with attention_type={attention_type!r}: its decode state keeps one position for "
+            "the whole batch; leave lengths None (per-sequence lengths need a KV-cache member)"
+        )
 
 
 def decode_state(module, input_shapes) -> tuple:
@@ -151,6 +172,14 @@ def cache_elements_per_token(attention_type: str, geometry, options=None) -> int
 
 
 __all__ = [
-    "ATTENTION_TYPES", "Member", "cache_elements_per_token", "check_call", "check_options", "instantiate",
-    "key_padding", "member", "options_of", "supports",
+    "ATTENTION_TYPES",
+    "Member",
+    "cache_elements_per_token",
+    "check_call",
+    "check_options",
+    "instantiate",
+    "key_padding",
+    "member",
+    "options_of",
+    "supports",
 ]

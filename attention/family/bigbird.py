@@ -22,8 +22,9 @@ from attention.grouped import Options, group_heads, to_grouped
 from attention.impl import blockwise
 
 
-def block_pairs(num_blocks: int, window_blocks: int, global_blocks: int, random_blocks: int, seed: int,
-                is_causal: bool) -> np.ndarray:
+def block_pairs(
+    num_blocks: int, window_blocks: int, global_blocks: int, random_blocks: int, seed: int, is_causal: bool
+) -> np.ndarray:
     """`[P, 2]` (query block, key block) pairs of the BigBird pattern, sorted."""
     rng = np.random.default_rng(seed)
     pairs = set()
@@ -66,12 +67,14 @@ class BigBird(LayerFilled):
         if key.shape[1] != L:
             raise ValueError(f"bigbird is self-attention: queries and keys need one length, got {L} and {key.shape[1]}")
         block = min(self.block_size, L)
-        pairs = block_pairs(-(-L // block), self.window_blocks, self.global_blocks, self.random_blocks, self.seed,
-                            is_causal)
+        pairs = block_pairs(
+            -(-L // block), self.window_blocks, self.global_blocks, self.random_blocks, self.seed, is_causal
+        )
         dtype = self.dtype or jnp.result_type(query, key, value)
         q, k, v = (x.astype(dtype) for x in to_grouped(query, key, value))
         G = key.shape[2]
         options = Options(is_causal, None, 0.0, None, True, self.precision, block, block)
-        out, _ = blockwise.attention(q, k, v, group_heads(mask, query.shape[:1], G), None, options,
-                                     schedule(L, block, pairs, is_causal))
+        out, _ = blockwise.attention(
+            q, k, v, group_heads(mask, query.shape[:1], G), None, options, schedule(L, block, pairs, is_causal)
+        )
         return out.reshape(*query.shape[:-1], value.shape[-1])

@@ -49,11 +49,13 @@ def _forward(iterations, z, alpha):
     n = z.shape[-1]
     lo = top - 1.0  # p(τ = max − 1) >= 1 at the top entry alone
     hi = top - (1.0 / n) ** (alpha - 1.0)  # Σ p(τ) <= 1 there
+
     def halve(_, bounds):
         lo, hi = bounds
         mid = 0.5 * (lo + hi)
         too_much = _probabilities(x, mid, alpha).sum(axis=-1, keepdims=True) >= 1.0
         return jnp.where(too_much, mid, lo), jnp.where(too_much, hi, mid)
+
     lo, hi = jax.lax.fori_loop(0, iterations, halve, (lo, hi))
     p = _probabilities(x, 0.5 * (lo + hi), alpha)
     return p / p.sum(axis=-1, keepdims=True)
@@ -110,8 +112,13 @@ class Entmax(LayerFilled):
             z = jnp.where(allowed, z, -jnp.inf)
             z = jnp.where(allowed.any(axis=-1, keepdims=True), z, 0.0)  # no key left: uniform (mean of V)
         p = entmax(z, alpha, self.iterations)
-        out = jnp.einsum("bgrqk,bkgd->bqgrd", p.astype(value.dtype), value, precision=self.precision,
-                         preferred_element_type=jnp.float32)
+        out = jnp.einsum(
+            "bgrqk,bkgd->bqgrd",
+            p.astype(value.dtype),
+            value,
+            precision=self.precision,
+            preferred_element_type=jnp.float32,
+        )
         dtype = self.dtype or jnp.result_type(query, value)
         return out.reshape(B, Lq, H, -1).astype(dtype)
 

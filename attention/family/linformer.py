@@ -60,13 +60,12 @@ class Linformer(LayerFilled):
                 "use it for encoder self-attention or cross-attention"
             )
         if self.projection_init not in _PROJECTION_INITS:
-            raise ValueError(f"linformer projection_init = {self.projection_init!r}; expected one of "
-                             f"{sorted(_PROJECTION_INITS)}")
+            raise ValueError(
+                f"linformer projection_init = {self.projection_init!r}; expected one of {sorted(_PROJECTION_INITS)}"
+            )
         Lk = key.shape[1]
         if Lk > self.max_length:
-            raise ValueError(
-                f"linformer max_length = {self.max_length}; the keys have length {Lk} > max_length"
-            )
+            raise ValueError(f"linformer max_length = {self.max_length}; the keys have length {Lk} > max_length")
         shape = (self.projected_length, self.max_length)
         init = _PROJECTION_INITS[self.projection_init](self.projected_length)
         e = self.param("E", init, shape, self.param_dtype)
@@ -75,6 +74,13 @@ class Linformer(LayerFilled):
         if keep is not None:
             key, value = (jnp.where(keep[:, :, None, None], x, 0) for x in (key, value))
         project = lambda p, x: jnp.einsum("kn,bngd->bkgd", p[:, :Lk].astype(x.dtype), x, precision=self.precision)
-        out, _ = attend(query, project(e, key), project(f, value), impl=self.impl, dtype=self.dtype,
-                        precision=self.precision, formulation=self.formulation)
+        out, _ = attend(
+            query,
+            project(e, key),
+            project(f, value),
+            impl=self.impl,
+            dtype=self.dtype,
+            precision=self.precision,
+            formulation=self.formulation,
+        )
         return out

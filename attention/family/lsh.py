@@ -43,7 +43,9 @@ class LSH(LayerFilled):
     @nn.compact
     def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
         """query `[B, L, H, d_k]` (the keys are the queries), value `[B, L, H, d_v]` -> `[B, L, H, d_v]`."""
-        require_positive_ints("lsh ", num_buckets=self.num_buckets, chunk_length=self.chunk_length, num_hashes=self.num_hashes)
+        require_positive_ints(
+            "lsh ", num_buckets=self.num_buckets, chunk_length=self.chunk_length, num_hashes=self.num_hashes
+        )
         if self.num_buckets > 1 and self.num_buckets % 2:
             raise ValueError(f"lsh num_buckets = {self.num_buckets}; expected 1 or an even int (x R and -x R)")
         B, L, H, d = query.shape

@@ -33,7 +33,9 @@ class Member(NamedTuple):
     grouped: bool = True  # num_kv_heads < num_heads (GQA/MQA) is meaningful
     projects: bool = False  # makes q/k/v itself from the inputs (the layer's projections unused)
     shared_qk: bool = False  # keys are the queries (no key projection)
-    beams_in_place: bool = False  # under beam search, takes `beam_rows` and reads its kv_cache in place (attention.beams)
+    beams_in_place: bool = (
+        False  # under beam search, takes `beam_rows` and reads its kv_cache in place (attention.beams)
+    )
 
 
 class LayerFilled(nn.Module):
@@ -52,8 +54,19 @@ def options_of(module: type) -> tuple[str, ...]:
 
 # Fields of every member that the layer fills from its own attributes.
 LAYER_FIELDS = (
-    "dtype", "param_dtype", "precision", "formulation", "impl", "decode", "kernel_init", "use_bias",
-    "num_heads", "head_dim", "v_head_dim", "parent", "name",
+    "dtype",
+    "param_dtype",
+    "precision",
+    "formulation",
+    "impl",
+    "decode",
+    "kernel_init",
+    "use_bias",
+    "num_heads",
+    "head_dim",
+    "v_head_dim",
+    "parent",
+    "name",
 )
 
 

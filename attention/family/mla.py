@@ -46,8 +46,13 @@ class MLA(LayerFilled):
         H, d_k, d_v = self.num_heads, self.head_dim, self.v_head_dim
         require_positive_ints("mla ", optional=True, latent_dim=self.latent_dim)
         d_c = self.latent_dim or 4 * d_k
-        dense = functools.partial(nn.DenseGeneral, dtype=self.dtype, param_dtype=self.param_dtype,
-                                  precision=self.precision, kernel_init=self.kernel_init)
+        dense = functools.partial(
+            nn.DenseGeneral,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            precision=self.precision,
+            kernel_init=self.kernel_init,
+        )
         query = dense(features=(H, d_k), use_bias=self.use_bias, name="query")(inputs_q)
         latent = dense(features=d_c, use_bias=self.use_bias, name="kv_down")(inputs_kv)
         w_uk = self._up_kernel("key_up", d_c, H, d_k)
@@ -59,8 +64,17 @@ class MLA(LayerFilled):
             self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
             is_causal = True
         up = lambda w: jnp.einsum("bkc,chd->bkhd", latent, w.astype(latent.dtype), precision=self.precision)
-        out, _ = attend(query, up(w_uk), up(w_uv), mask=mask, is_causal=is_causal,
-                        impl=self.impl, dtype=self.dtype, precision=self.precision, formulation=self.formulation)
+        out, _ = attend(
+            query,
+            up(w_uk),
+            up(w_uv),
+            mask=mask,
+            is_causal=is_causal,
+            impl=self.impl,
+            dtype=self.dtype,
+            precision=self.precision,
+            formulation=self.formulation,
+        )
         return out
 
     def _up_kernel(self, name, d_c, H, d):
@@ -82,12 +96,20 @@ class MLA(LayerFilled):
         cache.value = kv_cache.write(cache.value[:, None], latent[:, :, None], cur)[:, 0]
         index.value = cur + new_length
         d_k = query.shape[-1]
-        q_latent = jnp.einsum("bqhd,chd->bhqc", query * jnp.asarray(1 / math.sqrt(d_k), query.dtype), w_uk,
-                              precision=self.precision)
-        logits = jnp.einsum("bhqc,bkc->bhqk", q_latent, cache.value.astype(query.dtype), precision=self.precision,
-                            preferred_element_type=jnp.float32)
-        mask = and_masks(as_bool_mask("mask", mask, (B, self.num_heads, new_length, max_length)),
-                         kv_cache.causal_mask(cur, new_length, max_length))
+        q_latent = jnp.einsum(
+            "bqhd,chd->bhqc", query * jnp.asarray(1 / math.sqrt(d_k), query.dtype), w_uk, precision=self.precision
+        )
+        logits = jnp.einsum(
+            "bhqc,bkc->bhqk",
+            q_latent,
+            cache.value.astype(query.dtype),
+            precision=self.precision,
+            preferred_element_type=jnp.float32,
+        )
+        mask = and_masks(
+            as_bool_mask("mask", mask, (B, self.num_heads, new_length, max_length)),
+            kv_cache.causal_mask(cur, new_length, max_length),
+        )
         weights = softmax(logits, mask, None).astype(query.dtype)
         out_latent = jnp.einsum("bhqk,bkc->bqhc", weights, cache.value.astype(query.dtype), precision=self.precision)
         return jnp.einsum("bqhc,chd->bqhd", out_latent, w_uv, precision=self.precision)

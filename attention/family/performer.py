@@ -84,8 +84,9 @@ def bidirectional(q_logit: jax.Array, k_logit: jax.Array, value: jax.Array) -> j
     return _normalise(num, den)
 
 
-def causal(q_logit: jax.Array, k_logit: jax.Array, value: jax.Array, state: tuple[jax.Array, jax.Array, jax.Array],
-           chunk: int):
+def causal(
+    q_logit: jax.Array, k_logit: jax.Array, value: jax.Array, state: tuple[jax.Array, jax.Array, jax.Array], chunk: int
+):
     """Prefix-sum attention continuing `state` = (Σ φ(k)vᵀ `[B, G, m, d_v]`, Σ φ(k) `[B, G, m]`, shift `[B, G, m]`).
 
     Shapes as `bidirectional` with Lq == Lk = L. Returns (out `[B, L, G, R, d_v]`, final state). The
@@ -132,8 +133,12 @@ class Performer(LayerFilled):
         d_k, G, d_v = query.shape[-1], key.shape[-2], value.shape[-1]
         m = self.num_features or max(1, round(d_k * math.log(d_k)))
         require_positive_ints("performer ", num_features=m, chunk_length=self.chunk_length)
-        w = self.param("random_features", lambda rng, shape, dtype: orthogonal_features(rng, *shape, dtype),
-                       (m, d_k), self.param_dtype)
+        w = self.param(
+            "random_features",
+            lambda rng, shape, dtype: orthogonal_features(rng, *shape, dtype),
+            (m, d_k),
+            self.param_dtype,
+        )
         q_logit, k_logit = feature_logits(query, key, lax.stop_gradient(w))
         keep = key_padding("performer", mask, key.shape[1])
         if keep is not None:
@@ -186,5 +191,8 @@ def _normalise_jvp(primals, tangents):
 
 def _empty_state(B, G, m, d_v):
     """No key yet: zero sums `[B, G, m, d_v]`, `[B, G, m]` and the lowest shift `[B, G, m]`."""
-    return (jnp.zeros((B, G, m, d_v), jnp.float32), jnp.zeros((B, G, m), jnp.float32),
-            jnp.full((B, G, m), _NO_KEY, jnp.float32))
+    return (
+        jnp.zeros((B, G, m, d_v), jnp.float32),
+        jnp.zeros((B, G, m), jnp.float32),
+        jnp.full((B, G, m), _NO_KEY, jnp.float32),
+    )

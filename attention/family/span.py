@@ -68,9 +68,28 @@ class Span(LayerFilled):
         mask = inside if mask is None else jnp.logical_and(mask, inside)
         bias = jnp.log(jnp.maximum(m, jnp.finfo(jnp.float32).tiny))
         if beam_rows is not None:
-            return history_attention(query, key, value, beam_rows, mask, dtype=self.dtype, precision=self.precision,
-                                     bias=bias, formulation=self.formulation)
-        out, _ = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal and window is not None,
-                        local_window_size=window, impl=self.impl, dtype=self.dtype, precision=self.precision,
-                        formulation=self.formulation)
+            return history_attention(
+                query,
+                key,
+                value,
+                beam_rows,
+                mask,
+                dtype=self.dtype,
+                precision=self.precision,
+                bias=bias,
+                formulation=self.formulation,
+            )
+        out, _ = attend(
+            query,
+            key,
+            value,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal and window is not None,
+            local_window_size=window,
+            impl=self.impl,
+            dtype=self.dtype,
+            precision=self.precision,
+            formulation=self.formulation,
+        )
         return out

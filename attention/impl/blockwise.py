@@ -90,7 +90,12 @@ def block_schedule(
 
 
 def attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, bias: jax.Array | None, options: Options,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array | None,
+    bias: jax.Array | None,
+    options: Options,
     plan: Schedule | None = None,
 ) -> tuple[jax.Array, None]:
     """The `attention.grouped` signature: q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]` -> (`[B, Lq, G, R, Dv]`, None).
@@ -112,8 +117,13 @@ def attention(
     pad = lambda x, fill: None if x is None else _pad_to_blocks(x, pad_q, pad_k, fill)
     mask, bias = pad(mask, True), pad(bias, 0)
     config = _Config(
-        plan=plan, key_length=Lk, is_causal=is_causal, window=window, dropout_rate=options.dropout_rate,
-        broadcast_dropout=options.broadcast_dropout, precision=options.precision,
+        plan=plan,
+        key_length=Lk,
+        is_causal=is_causal,
+        window=window,
+        dropout_rate=options.dropout_rate,
+        broadcast_dropout=options.broadcast_dropout,
+        precision=options.precision,
     )
     out = _kernel(config, q, k, v, mask, bias, options.dropout_rng)
     return jnp.transpose(out[:, :, :, :Lq], (0, 3, 1, 2, 4)), None
@@ -185,9 +195,7 @@ def _reduce_to(x, shape):
 def _block_logits(config, qb, kb, maskb, biasb, i, j, structured):
     """Masked float32 logits `[B, G, R, bq, bk]` of query block i against key block j."""
     plan = config.plan
-    s = jnp.einsum(
-        "bgrqd,bgkd->bgrqk", qb, kb, precision=config.precision, preferred_element_type=jnp.float32
-    )
+    s = jnp.einsum("bgrqd,bgkd->bgrqk", qb, kb, precision=config.precision, preferred_element_type=jnp.float32)
     if biasb is not None:
         s = s + biasb.astype(jnp.float32)
     allowed = maskb
@@ -251,7 +259,10 @@ def _forward(config, q, k, v, mask, bias, rng):
         keep = _keep(config, rng, i, j, s.shape)
         dropped = p if keep is None else p * keep
         pv = jnp.einsum(
-            "bgrqk,bgkd->bgrqd", dropped.astype(v.dtype), vb, precision=config.precision,
+            "bgrqk,bgkd->bgrqd",
+            dropped.astype(v.dtype),
+            vb,
+            precision=config.precision,
             preferred_element_type=jnp.float32,
         )
         update = lambda x, blk: lax.dynamic_update_slice_in_dim(x, blk, qs, 3)
@@ -294,9 +305,7 @@ def _backward(config, q, k, v, mask, bias, rng, out, lse, d_out):
         p = jnp.exp(s - lse_b[..., None])
         keep = _keep(config, rng, i, j, s.shape)
         dropped = p if keep is None else p * keep
-        mm = lambda spec, a, b: jnp.einsum(
-            spec, a, b, precision=config.precision, preferred_element_type=jnp.float32
-        )
+        mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=config.precision, preferred_element_type=jnp.float32)
         dv_t = _add_at(dv_t, 3, ks, mm("bgdrq,bgrqk->bgdk", do_tb, dropped.astype(d_out.dtype)))
         dp = mm("bgrqd,bgkd->bgrqk", dob, vb)
         if keep is not None:

@@ -27,7 +27,9 @@ def attention(q, k, v, mask, bias, options, *, implementation):
     """The `attention.grouped` signature; weights are not exposed (None)."""
     platform = options.formulation.platform  # the program's target, where the caller named it
     if implementation == "cudnn" and not is_nvidia_gpu(platform):
-        where = f"the formulation's platform is {platform!r}" if platform else f"JAX's default backend is {target(None)!r}"
+        where = (
+            f"the formulation's platform is {platform!r}" if platform else f"JAX's default backend is {target(None)!r}"
+        )
         raise ValueError(f"impl='cudnn' needs an NVIDIA GPU, but {where}; use impl='xla', 'vmap' or 'einsum'")
     if options.dropout_rate:
         raise ValueError(
@@ -52,9 +54,14 @@ def attention(q, k, v, mask, bias, options, *, implementation):
     heads_flat = lambda x: None if x is None else x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
     with _matmul_precision(options.precision):
         out = jax.nn.dot_product_attention(
-            q.reshape(B, Lq, G * R, d_k), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
-            bias=heads_flat(bias), mask=heads_flat(mask), is_causal=options.is_causal,
-            local_window_size=options.window, implementation=implementation,
+            q.reshape(B, Lq, G * R, d_k),
+            jnp.swapaxes(k, 1, 2),
+            jnp.swapaxes(v, 1, 2),
+            bias=heads_flat(bias),
+            mask=heads_flat(mask),
+            is_causal=options.is_causal,
+            local_window_size=options.window,
+            implementation=implementation,
         )
     return out.reshape(B, Lq, G, R, v.shape[-1]), None
 
@@ -100,7 +107,11 @@ def cudnn_max_head_dim(platform: str | None = None) -> int:
     compiled for a GPU from another host (ahead of time, on a CPU) cannot read its target's compute
     capability while tracing, so it gets 128, the limit every GPU with cuDNN flash attention accepts.
     """
-    if platform is not None and target(platform) != target(None) and not (is_nvidia_gpu(platform) and is_nvidia_gpu(None)):
+    if (
+        platform is not None
+        and target(platform) != target(None)
+        and not (is_nvidia_gpu(platform) and is_nvidia_gpu(None))
+    ):
         return 128
     device = jax.devices()[0]
     capability = getattr(device, "compute_capability", None)
@@ -118,6 +129,4 @@ def _matmul_precision(precision):
         return jax.default_matmul_precision(precision.name.lower())
     if isinstance(precision, str):
         return jax.default_matmul_precision(precision)
-    raise ValueError(
-        f"precision for impl 'xla'/'cudnn' must be None, a lax.Precision or its name, got {precision!r}"
-    )
+    raise ValueError(f"precision for impl 'xla'/'cudnn' must be None, a lax.Precision or its name, got {precision!r}")

@@ -18,8 +18,9 @@ def attention(q, k, v, mask, bias, options):
     """The `attention.grouped` signature: q `[B, Lq, G, R, d_k]`, k/v `[B, G, Lk, D]`."""
     (B, Lq, G, R, _), Lk = q.shape, k.shape[2]
     mask = with_structure(mask, options, Lq, Lk)
-    keep = dropout_multiplier(options.dropout_rate, options.dropout_rng, options.broadcast_dropout,
-                              (B, G, R, Lq, Lk), v.dtype)
+    keep = dropout_multiplier(
+        options.dropout_rate, options.dropout_rng, options.broadcast_dropout, (B, G, R, Lq, Lk), v.dtype
+    )
     extras = (mask, bias, keep)
     # per mapped level (batch, group, head in group): map a real axis, broadcast a size-1 one
     level_axes = [tuple(None if x is None or x.shape[level] == 1 else 0 for x in extras) for level in range(3)]

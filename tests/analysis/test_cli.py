@@ -51,18 +51,40 @@ def test_maps_roles_importance(workdir, capsys):
 
 
 def test_prune(workdir):
-    analyze.main(["prune", "--workdir", str(workdir), "--examples", "8", "--eval_examples", "8", "--steps", "2",
-                  "--kinds", "encoder_self,decoder_cross", "--test_split", "test_2016_flickr", "--test_examples", "6"])
+    analyze.main(
+        [
+            "prune",
+            "--workdir",
+            str(workdir),
+            "--examples",
+            "8",
+            "--eval_examples",
+            "8",
+            "--steps",
+            "2",
+            "--kinds",
+            "encoder_self,decoder_cross",
+            "--test_split",
+            "test_2016_flickr",
+            "--test_examples",
+            "6",
+        ]
+    )
     table = rows(workdir / "analysis" / "pruning_encoder_self-decoder_cross.csv")  # named by --kinds
-    assert [(r["order"], r["pruned"]) for r in table] == [(o, str(n)) for o in ("importance", "random", "reverse") for n in (0, 4, 8)]
+    assert [(r["order"], r["pruned"]) for r in table] == [
+        (o, str(n)) for o in ("importance", "random", "reverse") for n in (0, 4, 8)
+    ]
     first = [r for r in table if r["pruned"] == "0"]
     assert len({(r["bleu"], r["loss"]) for r in first}) == 1  # nothing pruned: the same model for every order
     everything = [r for r in table if r["pruned"] == "8"]  # all pruned: the same set, in three orders
     assert len({frozenset(r["heads"].split()) for r in everything}) == 1 and len({r["bleu"] for r in everything}) == 1
     assert (workdir / "analysis" / "pruning_encoder_self-decoder_cross.png").exists()
     held_out = rows(workdir / "analysis" / "pruning_encoder_self-decoder_cross_test_2016_flickr_50pct.csv")
-    assert [(r["model"], r["pruned"], r["of"]) for r in held_out] == [("unpruned", "0", "0"), ("importance order", "4", "8"),
-                                                                       ("random order", "4", "8")]
+    assert [(r["model"], r["pruned"], r["of"]) for r in held_out] == [
+        ("unpruned", "0", "0"),
+        ("importance order", "4", "8"),
+        ("random order", "4", "8"),
+    ]
     for r in held_out[1:]:
         assert float(r["delta"]) == pytest.approx(float(r["bleu"]) - float(held_out[0]["bleu"]), abs=1e-3)
         assert 0 <= float(r["p_bootstrap"]) <= 1 and 0 <= float(r["p_randomization"]) <= 1
@@ -75,14 +97,29 @@ def test_prune(workdir):
     curve_heads = next(r["heads"] for r in table if r["order"] == "importance" and r["pruned"] == "4")
     assert sorted(pruned_heads["importance order"]) == sorted(curve_heads.split())
     for r in held_out:
-        lines = stem.with_name(f"{stem.name}.{r['model'].replace(' ', '_')}.txt").read_text(encoding="utf-8").splitlines()
+        lines = (
+            stem.with_name(f"{stem.name}.{r['model'].replace(' ', '_')}.txt").read_text(encoding="utf-8").splitlines()
+        )
         assert len(lines) == 6
         assert sacrebleu.corpus_bleu(lines, [references]).score == pytest.approx(float(r["bleu"]), abs=0.01)
 
 
 def test_uptrain(workdir):
-    args = ["uptrain", "--workdir", str(workdir), "--num_kv_heads", "2", "--fraction", "0.1",
-            "--methods", "mean", "--examples", "8", "--speed_rows", "4"]
+    args = [
+        "uptrain",
+        "--workdir",
+        str(workdir),
+        "--num_kv_heads",
+        "2",
+        "--fraction",
+        "0.1",
+        "--methods",
+        "mean",
+        "--examples",
+        "8",
+        "--speed_rows",
+        "4",
+    ]
     analyze.main(args)
     table = rows(workdir / "analysis" / "uptrain_table_kv2_mean.csv")
     assert [(r["kv_heads"], r["steps"]) for r in table] == [("4", "0"), ("2", "0"), ("2", "2")]
@@ -93,22 +130,28 @@ def test_uptrain(workdir):
         analyze.main(args)
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["prune", "--steps", "0"], "--steps 0; expected an int >= 1"),  # was a ZeroDivisionError
-    (["roles", "--examples", "-1"], "--examples -1; expected an int >= 0"),
-    (["maps", "--sentence", ""], "--sentence is empty"),  # was translated as --index 0 of --split
-    (["maps", "--index", "-2"], "--index -2; expected an int >= 0"),
-    (["uptrain", "--num_kv_heads", "2", "--fraction", "0"], "--fraction 0.0; expected a number > 0"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["prune", "--steps", "0"], "--steps 0; expected an int >= 1"),  # was a ZeroDivisionError
+        (["roles", "--examples", "-1"], "--examples -1; expected an int >= 0"),
+        (["maps", "--sentence", ""], "--sentence is empty"),  # was translated as --index 0 of --split
+        (["maps", "--index", "-2"], "--index -2; expected an int >= 0"),
+        (["uptrain", "--num_kv_heads", "2", "--fraction", "0"], "--fraction 0.0; expected a number > 0"),
+    ],
+)
 def test_a_bad_flag_is_named_before_the_workdir_is_read(tmp_path, argv, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         analyze.main([*argv, "--workdir", str(tmp_path / "nowhere")])
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["maps", "--index", "99999"], "--index 99999; expected an index below 1014, the pairs in --split 'val'"),
-    (["roles", "--split", "vall"], "--split = 'vall'; expected one of Multi30k's splits"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["maps", "--index", "99999"], "--index 99999; expected an index below 1014, the pairs in --split 'val'"),
+        (["roles", "--split", "vall"], "--split = 'vall'; expected one of Multi30k's splits"),
+    ],
+)
 def test_a_flag_the_workdir_cannot_serve_is_named(workdir, argv, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         analyze.main([*argv, "--workdir", str(workdir)])

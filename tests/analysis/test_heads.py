@@ -22,15 +22,20 @@ def setup():
     tgt_in = np.concatenate([np.full((3, 1), 2, np.int32), tgt[:, :-1]], axis=1)
     batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt, "weights": (tgt != 0).astype(np.float32)}
     params = jax.jit(model.init)(jax.random.key(0), src, tgt_in)["params"]
-    params = jax.tree.map(lambda x: x + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params)  # non-zero biases
+    params = jax.tree.map(
+        lambda x: x + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params
+    )  # non-zero biases
     return model, params, batch
 
 
 @pytest.fixture(scope="module")
 def forward(setup):
     model = setup[0]
-    return jax.jit(lambda params, src, tgt_in, mask=None: model.apply(
-        {"params": params, **head_mask_variables(CONFIG, mask)}, src, tgt_in))
+    return jax.jit(
+        lambda params, src, tgt_in, mask=None: model.apply(
+            {"params": params, **head_mask_variables(CONFIG, mask)}, src, tgt_in
+        )
+    )
 
 
 def without_rows(params, stack, module, layer, head):

@@ -72,7 +72,11 @@ def test_cross_attention_diagonal_uses_the_length_ratio():
 def test_padding_is_ignored():
     matrix = np.eye(L)
     sums, counts = roles.batch_sums(
-        np.stack([matrix, np.ones((L, L)) / L])[:, None], np.array([[True] * L, [False] * L]),
-        np.array([[True] * L, [False] * L]), np.zeros((2, L), bool), causal=False, cross=False,
+        np.stack([matrix, np.ones((L, L)) / L])[:, None],
+        np.array([[True] * L, [False] * L]),
+        np.array([[True] * L, [False] * L]),
+        np.zeros((2, L), bool),
+        causal=False,
+        cross=False,
     )
     assert roles.means(sums, counts)[0]["same"] == pytest.approx(1.0)

@@ -27,7 +27,7 @@ def tied_mha_params(group):
         names = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
         x = np.array(x) + 0.1 * rng.standard_normal(x.shape).astype(np.float32)  # non-zero biases too
         if names[-2] in ("key", "value"):
-            leaders = x[..., :: group, :]
+            leaders = x[..., ::group, :]
             x = np.repeat(leaders, group, axis=-2)
         return x
 

@@ -44,11 +44,18 @@ def test_history_attention_matches_numpy_over_gathered_histories(H, G, Lq, with_
     mask[1, 0, -1, 2] = False  # a caller's mask entry, honoured too
     # a bias per head, query and position (as span's log soft mask), shared by the rows: [1, H, Lq, L]
     bias = RNG.normal(size=(1, H, Lq, L)).astype(np.float32) if with_bias else None
-    out = beams.history_attention(jnp.asarray(query), jnp.asarray(key), jnp.asarray(value),
-                                  jnp.asarray(beam_rows), jnp.asarray(mask), bias=None if bias is None else jnp.asarray(bias))
+    out = beams.history_attention(
+        jnp.asarray(query),
+        jnp.asarray(key),
+        jnp.asarray(value),
+        jnp.asarray(beam_rows),
+        jnp.asarray(mask),
+        bias=None if bias is None else jnp.asarray(bias),
+    )
     assert out.shape == (B * K, Lq, H, D)
-    np.testing.assert_allclose(out, numpy_history_attention(query, key, value, beam_rows, mask, bias),
-                               rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(
+        out, numpy_history_attention(query, key, value, beam_rows, mask, bias), rtol=2e-5, atol=2e-6
+    )
 
 
 def test_gather_history_takes_each_position_from_its_row():
@@ -56,8 +63,9 @@ def test_gather_history_takes_each_position_from_its_row():
     x = np.arange(B * K * L * 2, dtype=np.float32).reshape(B * K, L, 1, 2)
     beam_rows = RNG.integers(0, K, size=(B, K, L)).astype(np.int32)
     expected = np.stack([x[b * K + beam_rows[b, k, p], p] for b in range(B) for k in range(K) for p in range(L)])
-    np.testing.assert_array_equal(beams.gather_history(jnp.asarray(x), jnp.asarray(beam_rows)),
-                                  expected.reshape(x.shape))
+    np.testing.assert_array_equal(
+        beams.gather_history(jnp.asarray(x), jnp.asarray(beam_rows)), expected.reshape(x.shape)
+    )
 
 
 def test_a_beam_table_that_does_not_fit_the_cache_raises():

@@ -22,8 +22,7 @@ def reference_write(cache_, new, index):
 
 
 @pytest.mark.parametrize("new_length", [1, 3])
-@pytest.mark.parametrize("index", [0, 2, L - 3, L - 2, L - 1, L, L + 5, -1, -2, -4],
-                         ids=lambda i: f"index{i}")
+@pytest.mark.parametrize("index", [0, 2, L - 3, L - 2, L - 1, L, L + 5, -1, -2, -4], ids=lambda i: f"index{i}")
 @pytest.mark.parametrize("per_sequence", [False, True], ids=["shared", "per_sequence"])
 def test_write_sets_the_positions_inside_the_cache_and_drops_the_others(new_length, index, per_sequence):
     rng = np.random.default_rng(0)
@@ -41,5 +40,9 @@ def test_write_with_extra_batch_axes_and_a_narrower_cache_dtype():
     new = rng.normal(size=(2, B, 2, G, D)).astype(np.float32)
     got = cache.write(jnp.asarray(old, jnp.bfloat16), jnp.asarray(new), jnp.asarray(L - 1, jnp.int32))
     assert got.dtype == jnp.bfloat16
-    expected = np.stack([reference_write(o, n, L - 1) for o, n in zip(old, new.astype(jnp.bfloat16).astype(np.float32))])
-    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(jnp.asarray(expected, jnp.bfloat16), np.float32))
+    expected = np.stack(
+        [reference_write(o, n, L - 1) for o, n in zip(old, new.astype(jnp.bfloat16).astype(np.float32))]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(got, np.float32), np.asarray(jnp.asarray(expected, jnp.bfloat16), np.float32)
+    )

@@ -61,9 +61,7 @@ def test_causal_and_window_flags_match_explicit_masks(impl, window):
     left, right = (window, window) if isinstance(window, int) else (window or (6, 6))
     expected_mask = (j <= i) & (j >= i - left) & (j <= i + right)
     out = jax.jit(
-        lambda q, k, v: attention.dot_product_attention(
-            q, k, v, is_causal=True, local_window_size=window, impl=impl
-        )
+        lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=True, local_window_size=window, impl=impl)
     )(q, k, v)
     np.testing.assert_allclose(out, reference.attention(q, k, v, mask=expected_mask)[0], atol=1e-5)
 
@@ -104,7 +102,9 @@ def test_gradients_match_jax_nn(impl):
     def loss(fn):
         return lambda q, k, v: jnp.sum(fn(q, k, v) * cot)
 
-    ours = jax.jit(jax.grad(loss(lambda q, k, v: attention.dot_product_attention(q, k, v, mask=mask, impl=impl)), (0, 1, 2)))
+    ours = jax.jit(
+        jax.grad(loss(lambda q, k, v: attention.dot_product_attention(q, k, v, mask=mask, impl=impl)), (0, 1, 2))
+    )
     theirs = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask))), (0, 1, 2))
     for a, b in zip(ours(q, k, v), theirs(q, k, v)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
@@ -118,11 +118,15 @@ def test_bfloat16_inputs_keep_float32_softmax(impl, lq, kv_heads):
     q = q * 30  # large logits: a bfloat16 softmax would be visibly off
     out = attention.dot_product_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), impl=impl)
     assert out.dtype == jnp.bfloat16
-    expected, _ = reference.attention(
-        *(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (q, k, v))
-    )
+    expected, _ = reference.attention(*(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (q, k, v)))
     np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=3e-2, rtol=3e-2)
-    grads = jax.grad(lambda q: attention.dot_product_attention(q, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), impl=impl).astype(jnp.float32).sum())(q.astype(jnp.bfloat16))
+    grads = jax.grad(
+        lambda q: (
+            attention.dot_product_attention(q, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), impl=impl)
+            .astype(jnp.float32)
+            .sum()
+        )
+    )(q.astype(jnp.bfloat16))
     assert grads.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(grads, np.float32)))
 
 
@@ -132,7 +136,13 @@ def test_dropout_matches_flax_with_the_same_rng(impl, broadcast):
     q, k, v = random_qkv(kv_heads=4)
     rng = jax.random.key(7)
     ours = attention.dot_product_attention(
-        q, k, v, impl=impl, dropout_rate=0.3, dropout_rng=rng, deterministic=False,
+        q,
+        k,
+        v,
+        impl=impl,
+        dropout_rate=0.3,
+        dropout_rng=rng,
+        deterministic=False,
         broadcast_dropout=broadcast,
     )
     flax_out = nn.dot_product_attention(
@@ -162,7 +172,10 @@ def test_precision_is_accepted_by_every_impl():
         (dict(local_window_size=-1), "local_window_size"),
         (dict(dropout_rate=1.0), "dropout_rate"),
         (dict(dropout_rate=0.1, deterministic=False), "dropout_rng is required"),
-        (dict(impl="xla", dropout_rate=0.1, deterministic=False, dropout_rng=jax.random.key(0)), "no attention dropout"),
+        (
+            dict(impl="xla", dropout_rate=0.1, deterministic=False, dropout_rng=jax.random.key(0)),
+            "no attention dropout",
+        ),
     ],
 )
 def test_bad_arguments_raise(kwargs, message):

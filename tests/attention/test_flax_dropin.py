@@ -66,7 +66,9 @@ def snapshot_module(tmp_path, path):
     """Import `path` from the snapshot, extracted into `tmp_path`, as a fresh module."""
     text = subprocess.run(
         ["git", f"--git-dir={SNAPSHOT}", "show", f"{SNAPSHOT_REF}:{path}"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     target = tmp_path / path.replace("/", "__")
     target.write_text(text)
@@ -119,8 +121,15 @@ def wmt_setup(tmp_path, **overrides):
     """Flax's examples/wmt Transformer (small), padded inputs/targets, and Flax's parameters."""
     models = snapshot_module(tmp_path, "examples/wmt/models.py")
     config = models.TransformerConfig(
-        vocab_size=32, output_vocab_size=32, emb_dim=16, num_heads=4, num_layers=2,
-        qkv_dim=16, mlp_dim=32, max_len=16, **overrides,
+        vocab_size=32,
+        output_vocab_size=32,
+        emb_dim=16,
+        num_heads=4,
+        num_layers=2,
+        qkv_dim=16,
+        mlp_dim=32,
+        max_len=16,
+        **overrides,
     )
     inputs = np.array([[5, 9, 3, 7, 2, 0, 0], [4, 8, 0, 0, 0, 0, 0]])
     targets = np.array([[6, 2, 9, 4, 0, 0], [3, 5, 7, 8, 11, 1]])
@@ -160,8 +169,12 @@ def test_flax_wmt_transformer_decodes_step_by_step_as_with_flax(tmp_path):
             steps = []
             for t in range(targets.shape[1]):
                 logits, updated = decoder.apply(
-                    {"params": params, "cache": cache}, encoded, inputs, fed[:, t : t + 1],
-                    mutable=["cache"], method=decoder.decode,
+                    {"params": params, "cache": cache},
+                    encoded,
+                    inputs,
+                    fed[:, t : t + 1],
+                    mutable=["cache"],
+                    method=decoder.decode,
                 )
                 cache = updated["cache"]
                 steps.append(logits[:, 0])
@@ -320,16 +333,26 @@ def test_self_attention_alias_is_flaxs():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda q, k, v: attention.dot_product_attention(q, k, v, mask=np.ones((2, 3, 5, 5), np.float32)),
-         r"mask has shape \(2, 3, 5, 5\), which does not broadcast to \(2, 4, 5, 5\)"),
-        (lambda q, k, v: attention.dot_product_attention(q, k, v, mask=jax.random.split(KEY, 5)),
-         "mask must be bool .* or numeric"),
-        (lambda q, k, v: attention.dot_product_attention(q, k[..., :3, :], v[..., :3, :]),
-         r"query heads \(4\) must be a multiple of key/value heads \(3\)"),
-        (lambda q, k, v: attention.dot_product_attention(q.astype(jnp.complex64), k, v, impl="xla"),
-         "complex inputs .* need impl='vmap' or 'einsum'"),
-        (lambda q, k, v: attention.dot_product_attention(q, k, v, impl="cudnn", mask=np.ones((5, 5), np.float32)),
-         "needs an NVIDIA GPU" if jax.default_backend() != "gpu" else "dtype is float32"),
+        (
+            lambda q, k, v: attention.dot_product_attention(q, k, v, mask=np.ones((2, 3, 5, 5), np.float32)),
+            r"mask has shape \(2, 3, 5, 5\), which does not broadcast to \(2, 4, 5, 5\)",
+        ),
+        (
+            lambda q, k, v: attention.dot_product_attention(q, k, v, mask=jax.random.split(KEY, 5)),
+            "mask must be bool .* or numeric",
+        ),
+        (
+            lambda q, k, v: attention.dot_product_attention(q, k[..., :3, :], v[..., :3, :]),
+            r"query heads \(4\) must be a multiple of key/value heads \(3\)",
+        ),
+        (
+            lambda q, k, v: attention.dot_product_attention(q.astype(jnp.complex64), k, v, impl="xla"),
+            "complex inputs .* need impl='vmap' or 'einsum'",
+        ),
+        (
+            lambda q, k, v: attention.dot_product_attention(q, k, v, impl="cudnn", mask=np.ones((5, 5), np.float32)),
+            "needs an NVIDIA GPU" if jax.default_backend() != "gpu" else "dtype is float32",
+        ),
     ],
     ids=["mask-shape", "mask-dtype", "gqa-divisibility", "complex-xla", "cudnn-on-cpu"],
 )

@@ -42,7 +42,9 @@ def test_worked_example_from_the_design_documents():
     np.testing.assert_allclose(out[0], expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("kv_heads, expected", [(8, 4 * 512**2), (2, 2 * 512**2 + 2 * 512 * 2 * 64), (1, 2 * 512**2 + 2 * 512 * 64)])
+@pytest.mark.parametrize(
+    "kv_heads, expected", [(8, 4 * 512**2), (2, 2 * 512**2 + 2 * 512 * 2 * 64), (1, 2 * 512**2 + 2 * 512 * 64)]
+)
 def test_parameter_counts(kv_heads, expected):
     layer = attention.MultiHeadAttention(num_heads=8, num_kv_heads=kv_heads, use_bias=False)
     shapes = jax.eval_shape(layer.init, KEY, jnp.zeros((1, 3, 512)))
@@ -69,8 +71,10 @@ def test_same_init_and_outputs_as_flax_self_attention_with_masks(impl):
     for name, mask in masks.items():
         ours_mask = None if mask is None else mask.astype(bool)
         np.testing.assert_allclose(
-            ours.apply(params, x, mask=ours_mask), theirs.apply(params, x, mask=mask),
-            atol=1e-5, err_msg=name,
+            ours.apply(params, x, mask=ours_mask),
+            theirs.apply(params, x, mask=mask),
+            atol=1e-5,
+            err_msg=name,
         )
 
 
@@ -102,7 +106,9 @@ def test_user_attention_fn_is_called_flax_style():
     theirs, ours = flax_and_ours(num_heads=4, attention_fn=nn.dot_product_attention)
     x = inputs()
     params = theirs.init(KEY, x)
-    np.testing.assert_allclose(ours.apply(params, x, is_causal=True), theirs.apply(params, x, mask=nn.make_causal_mask(x[..., 0])), atol=1e-5)
+    np.testing.assert_allclose(
+        ours.apply(params, x, is_causal=True), theirs.apply(params, x, mask=nn.make_causal_mask(x[..., 0])), atol=1e-5
+    )
 
 
 def test_decode_matches_flax_decode_step_by_step():
@@ -112,7 +118,9 @@ def test_decode_matches_flax_decode_step_by_step():
     cache_a, cache_b = ours.init(KEY, x)["cache"], variables["cache"]
     for t in range(x.shape[1]):
         out_a, upd_a = ours.apply({"params": variables["params"], "cache": cache_a}, x[:, t : t + 1], mutable=["cache"])
-        out_b, upd_b = theirs.apply({"params": variables["params"], "cache": cache_b}, x[:, t : t + 1], mutable=["cache"])
+        out_b, upd_b = theirs.apply(
+            {"params": variables["params"], "cache": cache_b}, x[:, t : t + 1], mutable=["cache"]
+        )
         cache_a, cache_b = upd_a["cache"], upd_b["cache"]
         np.testing.assert_allclose(out_a, out_b, atol=1e-5, err_msg=f"step {t}")
 
@@ -127,7 +135,11 @@ def test_decode_equals_the_full_causal_pass(kv_heads, chunks):
     assert cached_key.size + variables["cache"]["cached_value"].size == 2 * 2 * 6 * kv_heads * 4
     full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
     cache, outs, start = variables["cache"], [], 0
-    step = jax.jit(lambda cache, x_new: layer.apply({"params": variables["params"], "cache": cache}, x_new, is_causal=True, mutable=["cache"]))
+    step = jax.jit(
+        lambda cache, x_new: layer.apply(
+            {"params": variables["params"], "cache": cache}, x_new, is_causal=True, mutable=["cache"]
+        )
+    )
     for size in chunks:
         out, updated = step(cache, x[:, start : start + size])
         cache, start = updated["cache"], start + size
@@ -142,10 +154,14 @@ def test_blockwise_prefill_and_decode_equal_the_full_pass():
     x = inputs()
     variables = layer.init(KEY, x)
     full = layer.clone(decode=False, impl="vmap").apply({"params": variables["params"]}, x, is_causal=True)
-    np.testing.assert_allclose(layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True), full, atol=1e-5)
+    np.testing.assert_allclose(
+        layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True), full, atol=1e-5
+    )
     cache, outs, start = variables["cache"], [], 0
     for size in (4, 1, 1):
-        out, updated = layer.apply({"params": variables["params"], "cache": cache}, x[:, start : start + size], mutable=["cache"])
+        out, updated = layer.apply(
+            {"params": variables["params"], "cache": cache}, x[:, start : start + size], mutable=["cache"]
+        )
         cache, start = updated["cache"], start + size
         outs.append(out)
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
@@ -174,7 +190,9 @@ def test_auto_impl_sows_weights_through_vmap():
     params = layer.init(KEY, x)
     _, state = layer.apply(params, x, sow_weights=True, mutable=["intermediates"])
     _, expected = layer.clone(impl="vmap").apply(params, x, sow_weights=True, mutable=["intermediates"])
-    np.testing.assert_allclose(state["intermediates"]["attention_weights"][0], expected["intermediates"]["attention_weights"][0])
+    np.testing.assert_allclose(
+        state["intermediates"]["attention_weights"][0], expected["intermediates"]["attention_weights"][0]
+    )
 
 
 @pytest.mark.parametrize("impl", ["vmap", "einsum", "xla"])
@@ -239,7 +257,9 @@ def test_flax_class_name_keeps_flax_parameter_paths():
     ours = model(attention.MultiHeadDotProductAttention)
     assert list(flax_params["params"]) == ["MultiHeadDotProductAttention_0"]
     assert jax.tree.structure(ours.init(KEY, x)) == jax.tree.structure(flax_params)
-    np.testing.assert_allclose(ours.apply(flax_params, x), model(nn.MultiHeadDotProductAttention).apply(flax_params, x), atol=1e-6)
+    np.testing.assert_allclose(
+        ours.apply(flax_params, x), model(nn.MultiHeadDotProductAttention).apply(flax_params, x), atol=1e-6
+    )
 
 
 def test_jit_and_grad_through_the_layer():
@@ -275,7 +295,11 @@ def test_bfloat16_layer_runs_with_float32_params():
         (dict(num_heads=4, fused_qkv=True), dict(inputs_k=inputs((2, 5, 16))), "fused_qkv=True"),
         (dict(num_heads=4, impl="xla"), dict(sow_weights=True), "sow_weights=True"),
         (dict(num_heads=4, impl="blockwise"), dict(sow_weights=True), "sow_weights=True"),
-        (dict(num_heads=4), dict(mask=np.ones((2, 3, 6, 6), np.float32)), r"mask has shape \(2, 3, 6, 6\), which does not"),
+        (
+            dict(num_heads=4),
+            dict(mask=np.ones((2, 3, 6, 6), np.float32)),
+            r"mask has shape \(2, 3, 6, 6\), which does not",
+        ),
         (dict(num_heads=4), dict(mask=np.ones((2, 3, 6, 6), bool)), "does not broadcast"),
         (dict(num_heads=4), dict(head_mask=np.ones(4, np.int32)), "head_mask must be a float"),
         (dict(num_heads=4), dict(head_mask=np.ones(3, np.float32)), "head_mask has shape"),
@@ -326,7 +350,9 @@ def test_decode_equals_the_full_pass_with_value_head_dim(kv_heads):
     full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
     cache, outs, start = variables["cache"], [], 0
     for size in (3, 1, 1, 1):
-        out, updated = layer.apply({"params": variables["params"], "cache": cache}, x[:, start : start + size], mutable=["cache"])
+        out, updated = layer.apply(
+            {"params": variables["params"], "cache": cache}, x[:, start : start + size], mutable=["cache"]
+        )
         cache, start = updated["cache"], start + size
         outs.append(out)
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
@@ -358,7 +384,9 @@ def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them():
     for name in ("key", "value"):  # x W + b, in NumPy
         p = params[name]
         want = np.einsum("bld,dgk->blgk", np.asarray(source), np.asarray(p["kernel"])) + np.asarray(p["bias"])
-        np.testing.assert_allclose(cache[f"cross_{name}"], want.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-5)  # head-first
+        np.testing.assert_allclose(
+            cache[f"cross_{name}"], want.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-5
+        )  # head-first
     np.testing.assert_allclose(first, plain.apply({"params": params}, x, source), atol=1e-6)
     # a later step reads the cache: another source is not read, the first one's answer comes back
     later = cross.apply({"params": params, "cache": cache}, x, other)
@@ -375,8 +403,9 @@ def test_per_sequence_index_decodes_ragged_prompts_as_the_full_causal_pass():
     params = {"params": variables["params"]}
     full = layer.clone(decode=False).apply(params, x, is_causal=True)
     prompt = jnp.where(jnp.arange(5)[None, :, None] < prompts[:, None, None], x[:, :5], 0.0)  # right-padded
-    out, state = layer.apply({**params, "cache": variables["cache"]}, prompt, lengths=jnp.asarray(prompts),
-                             mutable=["cache"])
+    out, state = layer.apply(
+        {**params, "cache": variables["cache"]}, prompt, lengths=jnp.asarray(prompts), mutable=["cache"]
+    )
     for b, n in enumerate(prompts):
         np.testing.assert_allclose(out[b, :n], full[b, :n], atol=1e-5, err_msg=f"prefill, sequence {b}")
     np.testing.assert_array_equal(state["cache"]["cache_index"], prompts)

@@ -66,7 +66,8 @@ def test_dropout_with_the_same_rngs_matches_flax():
     np.testing.assert_allclose(run(ours, X, deterministic=False), run(theirs, X, deterministic=False), atol=1e-5)
     np.testing.assert_allclose(
         run(ours, X, rngs=nnx.Rngs(dropout=7), deterministic=False),
-        run(theirs, X, rngs=nnx.Rngs(dropout=7), deterministic=False), atol=1e-5,
+        run(theirs, X, rngs=nnx.Rngs(dropout=7), deterministic=False),
+        atol=1e-5,
     )
     assert not np.allclose(run(ours, X, deterministic=False), run(ours, X, deterministic=True))
 
@@ -122,7 +123,9 @@ def test_decode_one_token_at_a_time_matches_flax(kv_heads):
     ours.init_cache(X.shape)
     step = nnx.jit(lambda m, x: m(x))
     for t in range(X.shape[1]):
-        np.testing.assert_allclose(step(ours, X[:, t : t + 1]), step(theirs, X[:, t : t + 1]), atol=1e-5, err_msg=f"step {t}")
+        np.testing.assert_allclose(
+            step(ours, X[:, t : t + 1]), step(theirs, X[:, t : t + 1]), atol=1e-5, err_msg=f"step {t}"
+        )
     np.testing.assert_array_equal(ours.cache_index[...], [6, 6])
 
 

@@ -100,8 +100,9 @@ def test_tiny_lm_trains_and_decodes_ragged_prompts_with_prefill():
 
 
 def test_bridge_runs_the_linen_transformer_as_an_nnx_module_and_trains_it():
-    config = TransformerConfig(vocab_size=12, d_model=16, num_heads=4, num_kv_heads=2, num_layers=1,
-                               mlp_dim=32, max_len=16, dropout_rate=0.0)
+    config = TransformerConfig(
+        vocab_size=12, d_model=16, num_heads=4, num_kv_heads=2, num_layers=1, mlp_dim=32, max_len=16, dropout_rate=0.0
+    )
     src, tgt = jnp.array([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]]), jnp.array([[1, 5, 6, 7], [1, 8, 9, 0]])
     model = nnx.bridge.lazy_init(nnx.bridge.ToNNX(Transformer(config), rngs=nnx.Rngs(0)), src, tgt)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
@@ -131,5 +132,6 @@ def test_bridge_puts_the_nnx_layer_inside_linen_with_the_linen_layers_params():
     linen = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2)
     np.testing.assert_allclose(
         LinenBlock().apply(variables, x),
-        x + linen.apply({"params": variables["params"]["attn"]}, x, is_causal=True), atol=1e-5,
+        x + linen.apply({"params": variables["params"]["attn"]}, x, is_causal=True),
+        atol=1e-5,
     )

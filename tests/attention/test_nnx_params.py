@@ -58,7 +58,9 @@ def test_mismatched_params_raise_naming_the_path():
     params = attention.MultiHeadAttention(num_heads=4).init(jax.random.key(0), X)["params"]
     with pytest.raises(ValueError, match=r"key/bias has shape \(4, 4\); the layer expects \(2, 4\)"):
         load_linen_params(layer, params)
-    params = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, use_bias=False).init(jax.random.key(0), X)["params"]
+    params = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, use_bias=False).init(jax.random.key(0), X)[
+        "params"
+    ]
     with pytest.raises(ValueError, match="bias is missing"):
         load_linen_params(layer, params)
     with pytest.raises(ValueError, match="query_ln/scale is not a parameter"):

@@ -49,7 +49,8 @@ def _train_step_hlo(config):
 
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # a raw threefry key
     exported = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=("cuda",))(
-        params, tokens, tokens, tokens, key)
+        params, tokens, tokens, tokens, key
+    )
     return exported.mlir_module()
 
 
@@ -63,18 +64,21 @@ def _decode_step_hlo(config):
 
     def fill(params, encoded, src):  # the first decode call sizes the cache (as models.init_cache)
         tgt = jnp.zeros((BATCH, LENGTH), jnp.int32)
-        return model.apply({"params": params}, encoded, src, tgt, method="decode", decode=True,
-                           mutable=["cache"])[1]["cache"]
+        return model.apply({"params": params}, encoded, src, tgt, method="decode", decode=True, mutable=["cache"])[1][
+            "cache"
+        ]
 
     cache = jax.eval_shape(fill, params, encoded, src)
 
     def step(params, cache, encoded, src, token):
-        logits, variables = model.apply({"params": params, "cache": cache}, encoded, src, token, method="decode",
-                                        decode=True, mutable=["cache"])
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, encoded, src, token, method="decode", decode=True, mutable=["cache"]
+        )
         return logits, variables["cache"]
 
     exported = jax.export.export(jax.jit(step, donate_argnums=1), platforms=("cuda",))(
-        params, cache, encoded, src, token)
+        params, cache, encoded, src, token
+    )
     return exported.mlir_module()
 
 
@@ -123,7 +127,7 @@ def test_cuda_lowering_is_the_plain_formulation(lowered, step, dtype):
             assert _element(out) == "f32", (lhs, rhs, out)
             if step == "decode":  # forward only: operands in the compute dtype
                 assert (_element(lhs), _element(rhs)) == (want, want), (lhs, rhs)
-    types = lambda hlo: sorted(_dots(hlo))  # noqa: E731
+    types = lambda hlo: sorted(_dots(hlo))
     assert types(cuda) == types(plain)
     # the same program as the plain formulation's, op for op (locations aside)
     assert _ops(cuda) == _ops(plain)
@@ -140,7 +144,7 @@ def test_the_checks_catch_the_cpu_hooks(lowered, step):
     """The CPU's hooks lowered for CUDA: barriers (cache writes, row-major transposes) or other dots than plain."""
     cpu, plain = lowered(step, jnp.bfloat16, "cpu"), lowered(step, jnp.bfloat16, None)
     assert "optimization_barrier" in cpu
-    dot_types = lambda hlo: sorted(tuple(map(_element, d)) for d in _dots(hlo))  # noqa: E731
+    dot_types = lambda hlo: sorted(tuple(map(_element, d)) for d in _dots(hlo))
     assert dot_types(cpu) != dot_types(plain) or _ops(cpu) != _ops(plain)
 
 
@@ -150,15 +154,20 @@ def test_model_hooks_by_platform():
     for platform, hooks in (("cuda", cuda), ("tpu", tpu)):
         assert hooks == {"dot_general": None, "formulation": attention.Formulation(platform), "dropout_keep": None}
         assert type(hooks["formulation"]) is attention.Formulation and hooks["formulation"].platform == platform
-    assert cpu["dot_general"] is None and cpu["formulation"] is not None and cpu["dropout_keep"] is not None  # float32: XLA's dots
+    assert (
+        cpu["dot_general"] is None and cpu["formulation"] is not None and cpu["dropout_keep"] is not None
+    )  # float32: XLA's dots
     assert backends.model_hooks("auto", jnp.bfloat16, "cpu")["dot_general"] is not None
     assert cpu["formulation"].platform == "cpu"
-    np.testing.assert_equal(backends.model_hooks("row_major", jnp.float32, "cuda")["formulation"], attention.Formulation("cuda"))
+    np.testing.assert_equal(
+        backends.model_hooks("row_major", jnp.float32, "cuda")["formulation"], attention.Formulation("cuda")
+    )
     # None: this process's default backend, decided here rather than while tracing
     assert backends.model_hooks("auto", jnp.float32)["formulation"].platform == jax.default_backend()
 
 
 # --- impl="auto": chosen for the platform the program is for, not the backend that traces it ------------------
+
 
 def test_choose_impl_takes_the_platform_it_is_given():
     args = (1024, 1024, jnp.bfloat16, 64, 64, False, False)
@@ -166,7 +175,9 @@ def test_choose_impl_takes_the_platform_it_is_given():
     assert attention.choose_impl(*args, platform="gpu") == "cudnn"  # JAX's name for its GPU backend
     for platform in ("cpu", "tpu", "rocm"):  # no cuDNN there: the size rule (Lq * Lk = 1024^2: blockwise)
         assert attention.choose_impl(*args, platform=platform) == "blockwise"
-    assert attention.choose_impl(512, 512, jnp.float32, 64, 64, False, False, platform="cuda") == "vmap"  # float32: no cuDNN
+    assert (
+        attention.choose_impl(512, 512, jnp.float32, 64, 64, False, False, platform="cuda") == "vmap"
+    )  # float32: no cuDNN
     assert attention.choose_impl(*args[:5], True, False, platform="cuda") == "blockwise"  # dropout: no cuDNN
     default = "cudnn" if jax.default_backend() == "gpu" else "blockwise"
     assert attention.choose_impl(*args) == default  # no platform named: this process's default backend

@@ -22,13 +22,16 @@ def test_transposed_is_numpy_transpose(shape):
     np.testing.assert_array_equal(jax.jit(transposed)(jnp.asarray(x)), x.T)
 
 
-@pytest.mark.parametrize("kernel_shape, dims", [
-    ((32, 48), DENSE),  # Dense; the kernel gradient transposes x
-    ((32, 2), DENSE),  # a narrow output: the kernel gradient transposes the output gradient
-    ((32, 4, 16), DENSE),  # DenseGeneral onto (heads, head_dim)
-    ((6, 32, 48), (((1, 2), (0, 1)), ((), ()))),  # DenseGeneral from two axes (W^O)
-    ((48, 32), (((2,), (1,)), ((), ()))),  # tied logits y E^T: the kernel is transposed
-])
+@pytest.mark.parametrize(
+    "kernel_shape, dims",
+    [
+        ((32, 48), DENSE),  # Dense; the kernel gradient transposes x
+        ((32, 2), DENSE),  # a narrow output: the kernel gradient transposes the output gradient
+        ((32, 4, 16), DENSE),  # DenseGeneral onto (heads, head_dim)
+        ((6, 32, 48), (((1, 2), (0, 1)), ((), ()))),  # DenseGeneral from two axes (W^O)
+        ((48, 32), (((2,), (1,)), ((), ()))),  # tied logits y E^T: the kernel is transposed
+    ],
+)
 def test_value_and_gradients_match_numpy_and_lax(kernel_shape, dims):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 6, 32)).astype(np.float32)
@@ -81,8 +84,10 @@ def test_premise_xla_converts_bfloat16_backward_operands_to_float32():
     results/code_choices.md, not by this premise.
     """
     if not UPCAST.search(compiled_backward(lax.dot_general, jnp.ones((64, 48), jnp.bfloat16))):
-        pytest.skip(f"premise gone: XLA:CPU in jax {jax.__version__} keeps the bfloat16 backward's operands in "
-                    "bfloat16; matmul 'row_major' is justified by its measured speed (results/code_choices.md)")
+        pytest.skip(
+            f"premise gone: XLA:CPU in jax {jax.__version__} keeps the bfloat16 backward's operands in "
+            "bfloat16; matmul 'row_major' is justified by its measured speed (results/code_choices.md)"
+        )
 
 
 @pytest.mark.slow  # a whole bfloat16 Transformer twice (~20 s of one core): kept out of the default suite's time budget
@@ -90,11 +95,15 @@ def test_bfloat16_transformer_matches_the_lax_path():
     """Row-major on vs off: the same logits and gradients, up to bfloat16 rounding."""
     src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)
     tgt = jnp.array([[2, 7, 3, 9, 4, 0, 0], [2, 15, 16, 17, 18, 19, 4]], jnp.int32)
-    on, off = (models.Transformer(tiny.model_config(dtype=jnp.bfloat16, dot_general=dot))
-               for dot in (row_major_dot_general, None))
+    on, off = (
+        models.Transformer(tiny.model_config(dtype=jnp.bfloat16, dot_general=dot))
+        for dot in (row_major_dot_general, None)
+    )
     params = on.init(jax.random.key(0), src, tgt)["params"]
     loss = lambda model: lambda p: jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, src, tgt))[..., 3])
-    np.testing.assert_allclose(on.apply({"params": params}, src, tgt), off.apply({"params": params}, src, tgt), atol=0.05)
+    np.testing.assert_allclose(
+        on.apply({"params": params}, src, tgt), off.apply({"params": params}, src, tgt), atol=0.05
+    )
     got, want = jax.grad(loss(on))(params), jax.grad(loss(off))(params)
     scale = max(float(jnp.max(jnp.abs(w))) for w in jax.tree.leaves(want))
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
@@ -133,8 +142,15 @@ def test_bfloat16_cached_decoding_matches_the_full_pass_with_a_bfloat16_cache():
     assert cache["decoder"]["layer_0"]["self_attention"]["cached_key"].dtype == jnp.bfloat16
     steps = []
     for t in range(tgt.shape[1]):
-        logits, state = model.apply({**variables, "cache": cache}, encoded, src, tgt[:, t:t + 1],
-                                    method=models.Transformer.decode, decode=True, mutable=["cache"])
+        logits, state = model.apply(
+            {**variables, "cache": cache},
+            encoded,
+            src,
+            tgt[:, t : t + 1],
+            method=models.Transformer.decode,
+            decode=True,
+            mutable=["cache"],
+        )
         cache = state["cache"]
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), model.apply(variables, src, tgt), atol=0.05)

@@ -25,8 +25,11 @@ def _inputs(Lq, Lk, H, G, dtype, seed=0):
     return tuple(x.astype(dtype) for x in (q, k, v))
 
 
-@pytest.mark.parametrize("Lq, Lk, H, G", [(1, 64, 4, 4), (2, 64, 4, 4), (1, 64, 4, 2), (16, 16, 4, 4)],
-                         ids=["one-row", "few-queries", "gqa-rows", "square"])
+@pytest.mark.parametrize(
+    "Lq, Lk, H, G",
+    [(1, 64, 4, 4), (2, 64, 4, 4), (1, 64, 4, 2), (16, 16, 4, 4)],
+    ids=["one-row", "few-queries", "gqa-rows", "square"],
+)
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 2e-2)])
 def test_cpu_spelling_equals_numpy_and_plain(Lq, Lk, H, G, dtype, tol):
     q, k, v = _inputs(Lq, Lk, H, G, dtype)
@@ -42,15 +45,21 @@ def test_cpu_spelling_equals_numpy_and_plain(Lq, Lk, H, G, dtype, tol):
 
 @pytest.mark.parametrize("num_kv_heads", [4, 1])
 def test_decode_step_with_the_cpu_formulation_equals_plain(num_kv_heads):
-    layer = lambda f: attention.MultiHeadAttention(num_heads=4, num_kv_heads=num_kv_heads, decode=True,  # noqa: E731
-                                                   formulation=f)
+    layer = lambda f: attention.MultiHeadAttention(
+        num_heads=4,
+        num_kv_heads=num_kv_heads,
+        decode=True,
+        formulation=f,
+    )
     x = jax.random.normal(jax.random.key(3), (2, 6, 16))
     variables = layer(None).init(jax.random.key(0), x)
     outs = {}
     for name, f in (("plain", None), ("cpu", CPU)):
         cache, steps = variables["cache"], []
         for t in range(x.shape[1]):
-            y, state = layer(f).apply({"params": variables["params"], "cache": cache}, x[:, t:t + 1], mutable=["cache"])
+            y, state = layer(f).apply(
+                {"params": variables["params"], "cache": cache}, x[:, t : t + 1], mutable=["cache"]
+            )
             cache, steps = state["cache"], [*steps, y]
         outs[name] = (np.concatenate(steps, axis=1), cache)
     np.testing.assert_allclose(outs["cpu"][0], outs["plain"][0], rtol=1e-5, atol=1e-6)

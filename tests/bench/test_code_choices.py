@@ -7,7 +7,9 @@ from bench import code_choices
 
 
 def test_the_flipped_matmul_is_the_one_auto_did_not_choose():
-    assert code_choices.flipped({"dot_general": "flipped"}, "float32") == {"dot_general": xla_cpu_bf16.row_major_dot_general}
+    assert code_choices.flipped({"dot_general": "flipped"}, "float32") == {
+        "dot_general": xla_cpu_bf16.row_major_dot_general
+    }
     assert code_choices.flipped({"dot_general": "flipped"}, "bfloat16") == {"dot_general": None}
     assert code_choices.flipped({"dropout_keep": None}, "float32") == {"dropout_keep": None}
 

@@ -36,12 +36,16 @@ def test_bench_train_step_survives_a_backend_without_cost_analysis(monkeypatch):
 
 
 def test_top_kernels_reads_device_events_and_skips_the_python_tracer(tmp_path):
-    trace = {"traceEvents": [
-        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
-        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
-        {"ph": "X", "pid": 1, "name": "gemm", "dur": 300.0}, {"ph": "X", "pid": 1, "name": "gemm", "dur": 100.0},
-        {"ph": "X", "pid": 1, "name": "softmax", "dur": 50.0}, {"ph": "X", "pid": 2, "name": "host_op", "dur": 9e6},
-    ]}
+    trace = {
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+            {"ph": "X", "pid": 1, "name": "gemm", "dur": 300.0},
+            {"ph": "X", "pid": 1, "name": "gemm", "dur": 100.0},
+            {"ph": "X", "pid": 1, "name": "softmax", "dur": 50.0},
+            {"ph": "X", "pid": 2, "name": "host_op", "dur": 9e6},
+        ]
+    }
     folder = tmp_path / "plugins" / "profile" / "run"
     folder.mkdir(parents=True)
     (folder / "host.trace.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
@@ -57,9 +61,21 @@ def test_device_us_is_the_mean_of_queued_calls():
 
 def test_wall_split_of_a_hand_worked_run():
     """Two dev evaluations, compiles in the first step, in an evaluation and elsewhere; times in seconds."""
-    log = [(0.0, "persistent compilation cache: x"), (10.0, "model parameters: 123"), (14.0, "first step done 14.0s after the start"),
-           (20.0, "step 2/4 loss 9"), (23.0, "dev {'step': 2}"), (30.0, "step 4/4 loss 8"), (31.5, "dev {'step': 4}")]
-    compiles = [(9.0, 2.0), (13.0, 3.0), (22.0, 1.0), (25.0, 0.5)]  # (end time, seconds): init, the step, eval, elsewhere
+    log = [
+        (0.0, "persistent compilation cache: x"),
+        (10.0, "model parameters: 123"),
+        (14.0, "first step done 14.0s after the start"),
+        (20.0, "step 2/4 loss 9"),
+        (23.0, "dev {'step': 2}"),
+        (30.0, "step 4/4 loss 8"),
+        (31.5, "dev {'step': 4}"),
+    ]
+    compiles = [
+        (9.0, 2.0),
+        (13.0, 3.0),
+        (22.0, 1.0),
+        (25.0, 0.5),
+    ]  # (end time, seconds): init, the step, eval, elsewhere
     records = [{"step": 2, "step_time_s": 3.0}, {"step": 2, "split": "val"}, {"step": 4, "step_time_s": 1.0}]
     split = gpu_report.wall_split(log, compiles, records, train_s=40.0)
     assert split["evaluations"] == [(20.0, 23.0), (30.0, 31.5)]
@@ -84,10 +100,19 @@ def test_dry_run_writes_every_part(tmp_path):
         pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     out = tmp_path / "gpu.md"
-    done = subprocess.run([sys.executable, "-m", "bench.gpu_report", "--dry_run", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_report", "--dry_run", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = out.read_text()
     for part in gpu_report.PARTS:
@@ -109,6 +134,8 @@ def test_attention_family_plans_survive_a_backend_without_memory_analysis(monkey
 
     step = jax.jit(lambda q, k, v, params: q @ k.T @ v)
     x = jnp.ones((8, 8))
-    assert 8 * 8 * 4 / 2**30 <= attention_family.planned_gib(step, None, x, x, x) < 2**-16  # at least the output, far below a MiB
+    assert (
+        8 * 8 * 4 / 2**30 <= attention_family.planned_gib(step, None, x, x, x) < 2**-16
+    )  # at least the output, far below a MiB
     monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", lambda self: None)
     assert math.isnan(attention_family.planned_gib(step, None, x, x, x))

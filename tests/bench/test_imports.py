@@ -26,8 +26,10 @@ def import_problems(source: str, package: str) -> list[str]:
             if node.level:  # relative: from the package itself
                 module = f"{package}.{module}".rstrip(".")
             # `from bench import peer` imports the module bench.peer; `from bench.lib import x`, the name x
-            targets = [(f"{module}.{alias.name}" if module in PACKAGES else module, f"{module}.{alias.name}")
-                       for alias in node.names]
+            targets = [
+                (f"{module}.{alias.name}" if module in PACKAGES else module, f"{module}.{alias.name}")
+                for alias in node.names
+            ]
         else:
             continue
         for module, name in targets:
@@ -41,8 +43,11 @@ def import_problems(source: str, package: str) -> list[str]:
 def test_no_script_imports_another_script_or_a_private_name():
     files = [path for package in PACKAGES for path in sorted((ROOT / package).glob("*.py"))]
     assert len(files) > 20  # both folders read
-    found = {f"{path.relative_to(ROOT)} {problem}" for path in files
-             for problem in import_problems(path.read_text(), path.parent.name)}
+    found = {
+        f"{path.relative_to(ROOT)} {problem}"
+        for path in files
+        for problem in import_problems(path.read_text(), path.parent.name)
+    }
     assert not found, "\n".join(sorted(found))
 
 

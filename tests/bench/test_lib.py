@@ -32,7 +32,8 @@ def flax_git_dir(tmp_path):
 
 
 def test_the_example_folder_is_the_argument_else_flax_wmt_dir_else_extracted_from_flax_git_dir(
-        flax_git_dir, tmp_path, monkeypatch):
+    flax_git_dir, tmp_path, monkeypatch
+):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.delenv("FLAX_WMT_DIR", raising=False)
@@ -58,7 +59,9 @@ def clean_imports(monkeypatch):
         del sys.modules[name]
 
 
-def test_the_example_imports_with_stubs_for_what_it_never_calls_and_never_from_elsewhere(tmp_path, monkeypatch, clean_imports):
+def test_the_example_imports_with_stubs_for_what_it_never_calls_and_never_from_elsewhere(
+    tmp_path, monkeypatch, clean_imports
+):
     monkeypatch.setattr(lib, "STUBBABLE", ("clu", "clu.metric_writers"))  # clu is not installed here
     (tmp_path / "wmt_example_train.py").write_text("from clu import metric_writers\nWRITER = metric_writers\n")
     (train,), stubbed = lib.import_flax_example(str(tmp_path), ("wmt_example_train",))
@@ -74,22 +77,29 @@ def test_with_the_stub_switch_on_nothing_stubbable_is_imported(tmp_path, monkeyp
     monkeypatch.delitem(sys.modules, "json")
     (tmp_path / "wmt_example_uses_json.py").write_text("import json\nDOC = json.__doc__\n")
     (module,), stubbed = lib.import_flax_example(str(tmp_path), ("wmt_example_uses_json",))
-    assert module.DOC.startswith("stub: real import failed with ImportError: not imported") and stubbed[0].startswith("json ")
+    assert module.DOC.startswith("stub: real import failed with ImportError: not imported") and stubbed[0].startswith(
+        "json "
+    )
 
 
 def test_hlo_dots_reads_each_dot_with_its_shapes_and_dimension_numbers():
     a, b = jnp.ones((2, 4, 3)), jnp.ones((2, 3, 5))
     hlo = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b)).lower(a, b).compile().as_text()  # as peer.py reads it
     if " dot(" not in hlo:  # XLA's compiled form is its own to change: a library fusion has no dot to read
-        pytest.skip(f"XLA in jax {jax.__version__} compiles this einsum without an HLO dot; hlo_dots has nothing to read")
+        pytest.skip(
+            f"XLA in jax {jax.__version__} compiles this einsum without an HLO dot; hlo_dots has nothing to read"
+        )
     assert lib.hlo_dots(hlo) == [(((2, 4, 3), "f32"), ((2, 3, 5), "f32"), "f32", (((2,), (1,)), ((0,), (0,))))]
 
 
 def test_the_library_imports_without_jax_or_the_project():
     """As bench/torch_sdpa.py needs it under a Python with torch and NumPy only."""
     blocked = ["jax", "jaxlib", "flax", "optax", "attention", "models", "training", "configs", "backends"]
-    code = ("import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
-            + "from bench import lib\nprint(lib.median_ms(lambda: None, 3) >= 0, lib.cpu_description() != '')\n")
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
+        + "from bench import lib\nprint(lib.median_ms(lambda: None, 3) >= 0, lib.cpu_description() != '')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "True"]

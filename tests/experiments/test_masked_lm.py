@@ -45,8 +45,14 @@ def test_training_rows_are_windows_of_the_stream_and_eval_rows_cut_it_in_order()
 def test_evaluate_pools_accuracy_and_cross_entropy_over_the_scored_positions_of_all_batches():
     model = Encoder(vocab_size=11, length=6, attention_type="softmax")
     rng = np.random.default_rng(3)
-    batches = [(rng.integers(0, 11, (b, 6)).astype(np.int32), rng.integers(0, 11, (b, 6)).astype(np.int32),
-                rng.random((b, 6)) < 0.4) for b in (2, 3)]
+    batches = [
+        (
+            rng.integers(0, 11, (b, 6)).astype(np.int32),
+            rng.integers(0, 11, (b, 6)).astype(np.int32),
+            rng.random((b, 6)) < 0.4,
+        )
+        for b in (2, 3)
+    ]
     params = model.init(jax.random.key(0), batches[0][0])
     right = loss = count = 0.0
     for tokens, targets, scored in batches:
@@ -65,24 +71,31 @@ def test_evaluate_pools_accuracy_and_cross_entropy_over_the_scored_positions_of_
 def test_an_unknown_position_scheme_is_refused_by_name():
     with pytest.raises(ValueError, match="positions must be 'learned' or 'sinusoidal', got 'rotary'"):
         Encoder(vocab_size=5, length=4, attention_type="softmax", positions="rotary").init(
-            jax.random.key(0), np.zeros((1, 4), np.int32))
+            jax.random.key(0), np.zeros((1, 4), np.int32)
+        )
 
 
 @pytest.mark.slow  # trains the encoder task (~11 s): kept out of the default suite's time budget
 def test_lr_scales_freeze_or_slow_only_the_named_parameters():
     """Scale 0 leaves E and F as initialised; 0.5 moves them half as far as 1 (AdamW's update is linear in the rate:
     one update from the same gradients); every other parameter moves the same in all three runs."""
-    model = Encoder(vocab_size=7, length=6, attention_type="linformer",
-                    attention_options={"max_length": 6, "projected_length": 3})
+    model = Encoder(
+        vocab_size=7, length=6, attention_type="linformer", attention_options={"max_length": 6, "projected_length": 3}
+    )
     rng = np.random.default_rng(0)
-    batch = (rng.integers(0, 7, (2, 6)).astype(np.int32), rng.integers(0, 7, (2, 6)).astype(np.int32),
-             np.ones((2, 6), bool))
+    batch = (
+        rng.integers(0, 7, (2, 6)).astype(np.int32),
+        rng.integers(0, 7, (2, 6)).astype(np.int32),
+        np.ones((2, 6), bool),
+    )
     params = model.init(jax.random.key(0), batch[0])
     runs = {scale: fit(model, params, lambda: batch, 1, 1e-2, {"E": scale, "F": scale})[0] for scale in (0.0, 0.5, 1.0)}
     start = params["params"]["attention_0"]
     for name in ("E", "F"):
-        moved = {scale: np.asarray(run["params"]["attention_0"]["linformer"][name] - start["linformer"][name])
-                 for scale, run in runs.items()}
+        moved = {
+            scale: np.asarray(run["params"]["attention_0"]["linformer"][name] - start["linformer"][name])
+            for scale, run in runs.items()
+        }
         assert np.all(moved[0.0] == 0) and np.abs(moved[1.0]).max() > 1e-4
         np.testing.assert_allclose(moved[0.5], 0.5 * moved[1.0], rtol=1e-5, atol=1e-9)
     query = [np.asarray(run["params"]["attention_0"]["query"]["kernel"]) for run in runs.values()]

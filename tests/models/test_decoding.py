@@ -20,8 +20,11 @@ SRC = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14], [15, 3, 0, 0, 0, 0
 MAX_LEN = 8
 
 greedy = jax.jit(models.greedy_decode, static_argnums=(0, 3), static_argnames=("first_cache_length", "return_steps"))
-beam = jax.jit(models.beam_search, static_argnums=(0,),
-               static_argnames=("beam_size", "alpha", "max_len", "return_all_beams", "first_cache_length", "return_steps"))
+beam = jax.jit(
+    models.beam_search,
+    static_argnums=(0,),
+    static_argnames=("beam_size", "alpha", "max_len", "return_all_beams", "first_cache_length", "return_steps"),
+)
 # first_cache_length=3 grows the cache through 3, 6, 8 positions within MAX_LEN's 8 steps
 GROWN = [None, 3]
 
@@ -91,16 +94,25 @@ def test_beam_of_one_is_greedy():
 @pytest.mark.parametrize("eos_bias", [0.0, 3.0])
 def test_beam_scores_are_sorted_and_equal_full_pass_rescoring(eos_bias, first_cache_length):
     model, params = random_model(eos_bias=eos_bias)
-    seqs, scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, return_all_beams=True,
-                        first_cache_length=first_cache_length)
+    seqs, scores = beam(
+        model,
+        params,
+        SRC,
+        beam_size=4,
+        alpha=0.6,
+        max_len=MAX_LEN,
+        return_all_beams=True,
+        first_cache_length=first_cache_length,
+    )
     assert seqs.shape == (3, 4, MAX_LEN) and scores.shape == (3, 4)
     assert (np.diff(np.asarray(scores), axis=1) <= 0).all()
     for b in range(SRC.shape[0]):
         for k in range(4):
             assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
         assert len({tuple(s) for s in np.asarray(seqs[b])}) == 4  # distinct hypotheses
-    best, best_scores = beam(model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN,
-                             first_cache_length=first_cache_length)
+    best, best_scores = beam(
+        model, params, SRC, beam_size=4, alpha=0.6, max_len=MAX_LEN, first_cache_length=first_cache_length
+    )
     np.testing.assert_array_equal(best, seqs[:, 0])
     np.testing.assert_array_equal(best_scores, scores[:, 0])
 
@@ -186,7 +198,9 @@ def test_bad_beam_search_arguments_raise(kwargs, message):
         models.beam_search(model, params, SRC, **{"max_len": MAX_LEN, **kwargs})
 
 
-@pytest.mark.parametrize("attention_type, options", [("mla", {}), ("performer", {}), ("span", {"max_span": 4, "ramp": 2})])
+@pytest.mark.parametrize(
+    "attention_type, options", [("mla", {}), ("performer", {}), ("span", {"max_span": 4, "ramp": 2})]
+)
 def test_members_caches_grow_to_the_naive_uncached_result(attention_type, options):
     """MLA's latent and span's K/V grow with the output; performer's fixed-size state is carried as it is."""
     model = models.Transformer(tiny(attention_type=attention_type, attention_options=options, num_kv_heads=None))
@@ -201,8 +215,9 @@ def test_members_beams_read_their_own_histories(attention_type, options):
     reordered: either way every beam's score is its hypothesis's full-pass score."""
     model = models.Transformer(tiny(attention_type=attention_type, attention_options=options, num_kv_heads=None))
     params = model.init(KEY, SRC, SRC)["params"]
-    seqs, scores = beam(model, params, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True,
-                        first_cache_length=3)
+    seqs, scores = beam(
+        model, params, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True, first_cache_length=3
+    )
     for b in range(SRC.shape[0]):
         for k in range(3):
             assert scores[b, k] == pytest.approx(rescore(model, params, SRC[b], seqs[b, k], 0.6), abs=1e-4)
@@ -253,7 +268,12 @@ def test_bad_source_raises():
 
 
 # Four toy "translations" (reverse the sentence, shift every token by 5) of different lengths.
-PAIRS = [([3, 4, 5, 6], [11, 10, 9, 8]), ([7, 3], [8, 12]), ([9, 10, 11], [16, 15, 14]), ([12, 4, 8, 6, 5], [10, 11, 13, 9, 17])]
+PAIRS = [
+    ([3, 4, 5, 6], [11, 10, 9, 8]),
+    ([7, 3], [8, 12]),
+    ([9, 10, 11], [16, 15, 14]),
+    ([12, 4, 8, 6, 5], [10, 11, 13, 9, 17]),
+]
 
 
 def batch_pairs():
@@ -299,8 +319,11 @@ def test_tiny_model_overfits_four_pairs_and_greedy_reproduces_them():
 
 def search_with(model, params, **switches):
     """All three beams of each source, with `beam_search`'s timing switches set as given."""
-    return jax.jit(lambda p: models.beam_search(model, p, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN,
-                                                return_all_beams=True, **switches))(params)
+    return jax.jit(
+        lambda p: models.beam_search(
+            model, p, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True, **switches
+        )
+    )(params)
 
 
 def test_without_the_reorder_a_foreign_layers_beams_go_wrong_and_ours_stay_right():
@@ -308,8 +331,11 @@ def test_without_the_reorder_a_foreign_layers_beams_go_wrong_and_ours_stay_right
     foreign = FlaxAttentionDecoder(models.TransformerConfig(vocab_size=20, max_len=16))
     params = foreign.init(KEY, SRC, SRC)["params"]
     seqs, scores = search_with(foreign, params, reorder_cache=False)
-    off = [abs(float(scores[b, k]) - rescore(foreign, params, SRC[b], seqs[b, k], 0.6))
-           for b in range(SRC.shape[0]) for k in range(3)]
+    off = [
+        abs(float(scores[b, k]) - rescore(foreign, params, SRC[b], seqs[b, k], 0.6))
+        for b in range(SRC.shape[0])
+        for k in range(3)
+    ]
     assert max(off) > 1e-2  # some beam scored on another beam's history
     # our layers read their histories through the beam rows: the same search either way
     model, params = random_model()

@@ -115,7 +115,7 @@ def test_changing_future_target_tokens_leaves_earlier_logits_unchanged(pre_ln):
     rng = np.random.default_rng(0)
     for i in range(TGT_IN.shape[1] - 1):
         changed = np.array(TGT_IN)
-        changed[:, i + 1:] = rng.integers(3, 20, size=changed[:, i + 1:].shape)
+        changed[:, i + 1 :] = rng.integers(3, 20, size=changed[:, i + 1 :].shape)
         changed_logits = model.apply(variables, SRC, jnp.asarray(changed))
         np.testing.assert_allclose(changed_logits[:, : i + 1], logits[:, : i + 1], atol=1e-6)
         assert not np.allclose(changed_logits[:, i + 1], logits[:, i + 1], atol=1e-3)  # the test can see a change
@@ -144,8 +144,13 @@ def test_cached_decoding_matches_the_full_pass(pre_ln, kv_heads):
 
     def decode(cache, tokens):
         return model.apply(
-            {**variables, "cache": cache}, encoded, SRC, tokens,
-            method=models.Transformer.decode, decode=True, mutable=["cache"],
+            {**variables, "cache": cache},
+            encoded,
+            SRC,
+            tokens,
+            method=models.Transformer.decode,
+            decode=True,
+            mutable=["cache"],
         )
 
     length = TGT_IN.shape[1]
@@ -153,7 +158,7 @@ def test_cached_decoding_matches_the_full_pass(pre_ln, kv_heads):
         cache = models.init_cache(model, variables["params"], encoded, SRC, length)
         start, pieces = 0, []
         for size in chunks:
-            logits, state = decode(cache, TGT_IN[:, start:start + size])
+            logits, state = decode(cache, TGT_IN[:, start : start + size])
             cache, start = state["cache"], start + size
             pieces.append(logits)
         np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-5)
@@ -208,9 +213,12 @@ def test_a_packed_row_computes_each_pair_as_if_alone(pre_ln):
     model, variables = init(tiny(pre_ln=pre_ln))
     src_a, tgt_a, src_b, tgt_b = [5, 6, 7], [2, 8, 9, 10], [11, 12], [2, 13, 14]
     packed = dict(
-        src_tokens=jnp.array([src_a + src_b + [0]]), tgt_in_tokens=jnp.array([tgt_a + tgt_b + [0]]),
-        src_segments=jnp.array([[1, 1, 1, 2, 2, 0]]), tgt_segments=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
-        src_positions=jnp.array([[0, 1, 2, 0, 1, 0]]), tgt_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
+        src_tokens=jnp.array([src_a + src_b + [0]]),
+        tgt_in_tokens=jnp.array([tgt_a + tgt_b + [0]]),
+        src_segments=jnp.array([[1, 1, 1, 2, 2, 0]]),
+        tgt_segments=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
+        src_positions=jnp.array([[0, 1, 2, 0, 1, 0]]),
+        tgt_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
     )
     logits = model.apply(variables, **packed)
     alone_a = model.apply(variables, jnp.array([src_a]), jnp.array([tgt_a]))
@@ -227,9 +235,18 @@ def test_packing_arguments_come_all_together_in_their_tokens_shape():
     segments = jnp.ones_like(SRC)
     with pytest.raises(ValueError, match="need all of .*got only \\['src_segments'\\]"):
         model.apply(variables, SRC, TGT_IN, src_segments=segments)
-    with pytest.raises(ValueError, match=re.escape("tgt_positions has shape (2, 6); expected its tokens' shape (2, 7)")):
-        model.apply(variables, SRC, TGT_IN, src_segments=segments, tgt_segments=jnp.ones_like(TGT_IN),
-                    src_positions=segments, tgt_positions=segments)
+    with pytest.raises(
+        ValueError, match=re.escape("tgt_positions has shape (2, 6); expected its tokens' shape (2, 7)")
+    ):
+        model.apply(
+            variables,
+            SRC,
+            TGT_IN,
+            src_segments=segments,
+            tgt_segments=jnp.ones_like(TGT_IN),
+            src_positions=segments,
+            tgt_positions=segments,
+        )
 
 
 def test_attention_bias_off_leaves_the_projections_without_biases_and_nothing_else_changes():
@@ -238,8 +255,12 @@ def test_attention_bias_off_leaves_the_projections_without_biases_and_nothing_el
     for bias in (True, False):
         model = models.Transformer(model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, attention_bias=bias))
         params = jax.eval_shape(lambda m=model: m.init(jax.random.key(0), tokens, tokens)["params"])
-        shapes[bias] = {"/".join(str(k.key) for k in path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+        shapes[bias] = {
+            "/".join(str(k.key) for k in path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        }
     dropped = set(shapes[True]) - set(shapes[False])
     # q, k, v and out biases of the encoder's self-attention and the decoder's two attentions
-    assert len(dropped) == 3 * 4 and all(name.endswith("bias") and "attention" in name for name in dropped), sorted(dropped)
+    assert len(dropped) == 3 * 4 and all(name.endswith("bias") and "attention" in name for name in dropped), sorted(
+        dropped
+    )
     assert {n: s for n, s in shapes[True].items() if n not in dropped} == shapes[False]

@@ -18,8 +18,14 @@ OPTIONS = {"linformer": {"max_length": 16}, "span": {"max_span": 4, "ramp": 2}}
 
 
 def tiny(attention_type, **overrides):
-    fields = dict(d_model=16, num_heads=2, num_layers=1, mlp_dim=16,
-                  attention_type=attention_type, attention_options=OPTIONS.get(attention_type, {}))
+    fields = dict(
+        d_model=16,
+        num_heads=2,
+        num_layers=1,
+        mlp_dim=16,
+        attention_type=attention_type,
+        attention_options=OPTIONS.get(attention_type, {}),
+    )
     return model_config(**{**fields, **overrides})
 
 
@@ -31,7 +37,10 @@ def test_a_member_serves_the_sublayers_it_supports(attention_type, encoder_self,
     params = models.Transformer(tiny(attention_type)).init(KEY, SRC, TGT_IN)["params"]
     has = lambda stack, module: attention_type in params[stack]["layer_0"][module]
     assert (has("encoder", "self_attention"), has("decoder", "self_attention"), has("decoder", "cross_attention")) == (
-        encoder_self, decoder_self, cross)
+        encoder_self,
+        decoder_self,
+        cross,
+    )
 
 
 @pytest.mark.parametrize("attention_type", ["performer", "entmax", "span", "mla"])
@@ -53,8 +62,15 @@ def test_cached_decoding_equals_the_full_pass(attention_type):
     cache = decoding.init_cache(model, params, encoded, SRC, TGT_IN.shape[1])
     steps = []
     for t in range(TGT_IN.shape[1]):
-        logits, upd = model.apply({"params": params, "cache": cache}, encoded, SRC, TGT_IN[:, t:t + 1],
-                                  method="decode", decode=True, mutable=["cache"])
+        logits, upd = model.apply(
+            {"params": params, "cache": cache},
+            encoded,
+            SRC,
+            TGT_IN[:, t : t + 1],
+            method="decode",
+            decode=True,
+            mutable=["cache"],
+        )
         cache = upd["cache"]
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-4)

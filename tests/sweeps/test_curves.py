@@ -11,9 +11,13 @@ CURVE = [(100, 3.0, 20.0), (200, 2.0, 8.0), (300, 1.5, 5.0), (400, 1.4, 4.0), (5
 
 
 def test_dev_curve_keeps_the_split_and_a_resumed_runs_last_record_per_step():
-    records = [{"step": 50, "loss": 9.0}, {"step": 100, "split": "val", "loss": 3.5, "perplexity": 33.0},
-               {"step": 100, "split": "test", "loss": 1.0, "perplexity": 2.7},
-               {"step": 100, "split": "val", "loss": 3.0, "perplexity": 20.0}, {"step": 200, "split": "val", "loss": 2.0, "perplexity": 8.0}]
+    records = [
+        {"step": 50, "loss": 9.0},
+        {"step": 100, "split": "val", "loss": 3.5, "perplexity": 33.0},
+        {"step": 100, "split": "test", "loss": 1.0, "perplexity": 2.7},
+        {"step": 100, "split": "val", "loss": 3.0, "perplexity": 20.0},
+        {"step": 200, "split": "val", "loss": 2.0, "perplexity": 8.0},
+    ]
     assert curves.dev_curve(records, "val") == [(100, 3.0, 20.0), (200, 2.0, 8.0)]
 
 
@@ -23,8 +27,14 @@ def test_tail_improvement_compares_the_evaluation_at_80_percent_with_the_last():
     assert curves.tail_improvement(CURVE, 0.5) == pytest.approx((8.0 - 3.9) / 8.0)
 
 
-@pytest.mark.parametrize("bad, match", [(dict(curve=CURVE[:1]), "two dev evaluations"), (dict(curve=CURVE, tail=1.0), "tail"),
-                                        (dict(curve=[(480, 1.0, 3.0), (500, 0.9, 2.0)], tail=0.1), "no dev evaluation")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(curve=CURVE[:1]), "two dev evaluations"),
+        (dict(curve=CURVE, tail=1.0), "tail"),
+        (dict(curve=[(480, 1.0, 3.0), (500, 0.9, 2.0)], tail=0.1), "no dev evaluation"),
+    ],
+)
 def test_tail_improvement_refuses_what_it_cannot_measure(bad, match):
     with pytest.raises(ValueError, match=match):
         curves.tail_improvement(**bad)
@@ -55,6 +65,9 @@ def test_the_curves_section_names_each_evaluation_cadence_with_its_runs():
     short = [(400, 2.0, 7.4), (800, 1.8, 6.0), (4000, 1.7, 5.5)]
     long = [(800, 2.0, 7.4), (1600, 1.8, 6.0), (8000, 1.7, 5.5)]
     assert tables.evaluation_cadence([short, short]) == "evaluated every 400 steps"
-    assert tables.evaluation_cadence([short, long]) == "evaluated every 400 steps (runs of 4,000 steps), every 800 (runs of 8,000)"
+    assert (
+        tables.evaluation_cadence([short, long])
+        == "evaluated every 400 steps (runs of 4,000 steps), every 800 (runs of 8,000)"
+    )
     text = tables.curves_markdown([("h8_4000", short), ("h8_8000", long)], {"key": "run", "reference": "h8_4000"})
     assert "## Dev curves (evaluated every 400 steps (runs of 4,000 steps), every 800 (runs of 8,000))" in text

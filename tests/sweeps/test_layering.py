@@ -17,7 +17,11 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_training_never_imports_sweeps():
-    offenders = {str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p) if m == "sweeps" or m.startswith("sweeps."))
-                 for p in (ROOT / "training").rglob("*.py")}
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p) if m == "sweeps" or m.startswith("sweeps."))
+        for p in (ROOT / "training").rglob("*.py")
+    }
     assert {p: m for p, m in offenders.items() if m} == {}
-    assert any(m.startswith("training") for m in imported_modules(ROOT / "sweeps" / "sweep.py"))  # the scan sees imports
+    assert any(
+        m.startswith("training") for m in imported_modules(ROOT / "sweeps" / "sweep.py")
+    )  # the scan sees imports

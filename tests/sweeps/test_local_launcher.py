@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests/sweeps/tiny_sweep.py"
 
 # Stands in for `sweep.py --point`: records its command line, environment and lifetime, then exits (storing nothing).
-FAKE_POINT = '''import json, os, pathlib, sys, time
+FAKE_POINT = """import json, os, pathlib, sys, time
 args = sys.argv[1:]
 out = pathlib.Path(args[args.index("--workdir") + 1])
 name = args[args.index("--point") + 1].replace("=", "") + "_seed" + args[args.index("--seed") + 1]
@@ -23,13 +23,19 @@ started = time.time()
 time.sleep(1.5)
 (out / (name + ".json")).write_text(json.dumps({"args": args, "started": started, "ended": time.time(),
     "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION")}}))
-'''
+"""
 
 
 def test_points_per_device_runs_k_points_at_a_time_on_a_cpu_through_one_cache(tmp_path):
     (tmp_path / "point.py").write_text(FAKE_POINT)
-    failed = sweep.run_sweep([sys.executable, str(tmp_path / "point.py")], str(CONFIG), tmp_path, tmp_path / "results", 3,
-                             points_per_device=2)
+    failed = sweep.run_sweep(
+        [sys.executable, str(tmp_path / "point.py")],
+        str(CONFIG),
+        tmp_path,
+        tmp_path / "results",
+        3,
+        points_per_device=2,
+    )
     assert failed == []
     runs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("h*_seed*.json"))]
     assert len(runs) == 6  # 2 values x 3 seeds
@@ -68,9 +74,11 @@ def test_local_devices_are_listed_without_taking_them():
 def test_a_point_given_the_sweep_cache_resolves_auto_to_it(tmp_path):
     # What run_point does with --compilation_cache_dir: config.compilation_cache_dir stays 'auto' (so config.json
     # names no machine's path) and resolves to the sweep's directory.
-    code = ("import jax; from pathlib import Path; from training.core import compile_cache; "
-            f"jax.config.update('jax_compilation_cache_dir', {str(tmp_path / 'cache')!r}); "
-            "print(compile_cache.cache_dir('auto'))")
+    code = (
+        "import jax; from pathlib import Path; from training.core import compile_cache; "
+        f"jax.config.update('jax_compilation_cache_dir', {str(tmp_path / 'cache')!r}); "
+        "print(compile_cache.cache_dir('auto'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.stdout.strip() == str(tmp_path / "cache"), done.stderr
@@ -85,20 +93,55 @@ def test_two_points_with_the_same_shapes_share_the_sweep_cache(tmp_path):
     config = tmp_path / "tiny_one.py"
     config.write_text(CONFIG.read_text().replace("SWEEP_VALUES = (1, 2)", "SWEEP_VALUES = (2,)"))
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}  # the sweep's 'auto', fresh
-    done = subprocess.run([sys.executable, "sweep.py", "--config", str(config), "--workdir", str(tmp_path / "runs"),
-                           "--results_dir", str(tmp_path / "results"), "--seeds", "2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "sweep.py",
+            "--config",
+            str(config),
+            "--workdir",
+            str(tmp_path / "runs"),
+            "--results_dir",
+            str(tmp_path / "results"),
+            "--seeds",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"--compilation_cache_dir {tmp_path / 'cache'}" in done.stdout
     totals = []
     for seed in (0, 1):
-        records = [json.loads(line) for line in (tmp_path / "runs" / f"h2_seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (tmp_path / "runs" / f"h2_seed{seed}" / "metrics.jsonl").read_text().splitlines()
+        ]
         totals.append({k: sum(r.get(k, 0) for r in records) for k in ("compiled", "cache_loaded")})
     assert totals[0]["compiled"] > 0 and totals[1]["cache_loaded"] > 0
     assert totals[1]["compiled"] < totals[0]["compiled"] / 2, totals
 
 
 def test_points_per_device_is_for_the_local_launcher(tmp_path):
-    done = subprocess.run([sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--launcher", "slurm",
-                           "--points_per_device", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "sweep.py",
+            "--config",
+            str(CONFIG),
+            "--workdir",
+            str(tmp_path),
+            "--launcher",
+            "slurm",
+            "--points_per_device",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1 and "--points_per_device applies to --launcher local only" in done.stderr

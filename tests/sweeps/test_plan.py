@@ -14,7 +14,9 @@ TINY = Path(__file__).with_name("tiny_sweep.py")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'")
+@pytest.mark.skipif(
+    not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'"
+)
 def test_plan_compiles_each_point_for_the_target():
     module, target = sweep.load_module(TINY), aot.parse_target("tpu:v5e")
     rows = plan.plan(module, target)

@@ -37,8 +37,28 @@ def fixture(n=60, seed=0):
 def sacrebleu_cli_p_value(tmp_path, references, baseline, system, test="bs"):
     for name, lines in (("ref", references), ("base", baseline), ("sys", system)):
         (tmp_path / f"{name}.txt").write_text("".join(line + "\n" for line in lines))
-    done = subprocess.run([sys.executable, "-m", "sacrebleu", "ref.txt", "-i", "base.txt", "sys.txt", f"--paired-{test}",
-                           f"--paired-{test}-n", "1000" if test == "bs" else "10000", "-m", "bleu", "-f", "json"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sacrebleu",
+            "ref.txt",
+            "-i",
+            "base.txt",
+            "sys.txt",
+            f"--paired-{test}",
+            f"--paired-{test}-n",
+            "1000" if test == "bs" else "10000",
+            "-m",
+            "bleu",
+            "-f",
+            "json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout)[1]["BLEU"]["p_value"]
 
 
@@ -149,10 +169,18 @@ def two_sided_power(delta, df, alpha):
 # the effect size, in pooled sds, a two-sample t test detects with 80 % power ((n, n2, m): d). At (3, 3, 16) its
 # solver stops short (5.50, whose power by its own TTestIndPower().power is 0.64); there its power() at this
 # module's 6.5083026 is 0.8000000 (STATSMODELS_POWER)
-STATSMODELS_EFFECT_SIZES = {(3, 3, 1): 3.070892269599019, (3, 3, 3): 4.183960545558761,
-                            (5, 5, 1): 2.024440145655355, (5, 5, 3): 2.5093697528659935, (5, 5, 16): 3.3144050993659526,
-                            (10, 10, 1): 1.324947368330822, (10, 10, 3): 1.5744417669374757, (10, 10, 16): 1.9354156421598645,
-                            (5, 3, 1): 2.458832394325171, (5, 3, 5): 3.4816224626957935}
+STATSMODELS_EFFECT_SIZES = {
+    (3, 3, 1): 3.070892269599019,
+    (3, 3, 3): 4.183960545558761,
+    (5, 5, 1): 2.024440145655355,
+    (5, 5, 3): 2.5093697528659935,
+    (5, 5, 16): 3.3144050993659526,
+    (10, 10, 1): 1.324947368330822,
+    (10, 10, 3): 1.5744417669374757,
+    (10, 10, 16): 1.9354156421598645,
+    (5, 3, 1): 2.458832394325171,
+    (5, 3, 5): 3.4816224626957935,
+}
 # statsmodels 0.15.0, TTestIndPower().power(effect_size=6.508302600127136, nobs1=3, ratio=1, alpha=0.05 / 16)
 STATSMODELS_POWER = ((3, 16, 6.508302600127136), 0.7999999999999993)
 
@@ -164,9 +192,16 @@ def test_minimum_detectable_difference_against_statsmodels_and_the_noncentral_t(
         se, df = math.sqrt(1 / n1 + 1 / n2), n1 + n2 - 2
         assert significance.minimum_detectable_difference(se, df, alpha=0.05 / m) == pytest.approx(effect, rel=1e-6)
     (n, m, effect), power = STATSMODELS_POWER
-    assert significance.minimum_detectable_difference(math.sqrt(2 / n), 2 * n - 2, alpha=0.05 / m) == pytest.approx(effect, rel=1e-7)
+    assert significance.minimum_detectable_difference(math.sqrt(2 / n), 2 * n - 2, alpha=0.05 / m) == pytest.approx(
+        effect, rel=1e-7
+    )
     assert power == pytest.approx(0.8, abs=1e-12)
-    for se, df, alpha in ((math.sqrt(2 / 3), 4.0, 0.05), (0.3, 2.5, 0.05 / 16), (0.2, 7.3, 0.01), (1.0, 40.0, 0.05 / 3)):
+    for se, df, alpha in (
+        (math.sqrt(2 / 3), 4.0, 0.05),
+        (0.3, 2.5, 0.05 / 16),
+        (0.2, 7.3, 0.01),
+        (1.0, 40.0, 0.05 / 3),
+    ):
         mdd = significance.minimum_detectable_difference(se, df, alpha)
         assert two_sided_power(mdd / se, df, alpha) == pytest.approx(0.8, abs=1e-9)
     # the normal-shift rule (t_{1 - alpha/2} + t_power) se falls short where the level is small and df few
@@ -199,7 +234,9 @@ def test_samples_accept_numpy_numbers_and_refuse_booleans_naming_the_argument():
     expected = stats.ttest_ind(point32.astype(np.float64), reference, equal_var=False)
     assert compared.p == pytest.approx(expected.pvalue, rel=1e-10) and all(type(x) is float for x in compared.point)
     assert significance.welch(point32, np.array(reference))[5] == pytest.approx(expected.pvalue, rel=1e-10)
-    assert significance.hedges_g([np.int64(1), np.int32(2), 3], [4.0, 5.0, 6.0]) == pytest.approx(-2.4)  # hand-worked above
+    assert significance.hedges_g([np.int64(1), np.int32(2), 3], [4.0, 5.0, 6.0]) == pytest.approx(
+        -2.4
+    )  # hand-worked above
     for bad, name in (([True, 39.0], "point"), ([np.bool_(False), 39.0], "point")):
         with pytest.raises(ValueError, match=f"{name}\\[0\\] is the boolean"):
             significance.compare_seeds(bad, reference)
@@ -220,7 +257,9 @@ def test_paired_seeds_against_scipy_ttest_rel_over_the_shared_seeds():
     seeds = [0, 1, 2, 4]
     expected = stats.ttest_rel([point[s] for s in seeds], [reference[s] for s in seeds])
     assert c.seeds == (0, 1, 2, 4) and c.df == 3
-    assert c.p == pytest.approx(expected.pvalue, rel=1e-10) and c.difference / c.se == pytest.approx(expected.statistic, rel=1e-10)
+    assert c.p == pytest.approx(expected.pvalue, rel=1e-10) and c.difference / c.se == pytest.approx(
+        expected.statistic, rel=1e-10
+    )
     ci = expected.confidence_interval(0.95)
     assert (c.ci_low, c.ci_high) == (pytest.approx(ci.low, rel=1e-10), pytest.approx(ci.high, rel=1e-10))
     # the blocks take out the shared seed variance: Welch on the same seeds finds the difference less sure
@@ -239,7 +278,9 @@ def test_pooled_contrasts_against_a_pooled_t_by_hand_and_scipy():
     df = sum(map(len, values.values())) - len(values)  # 12 runs in 4 groups: 8 df ("d", one seed, adds none)
     s2 = sum(((v - v.mean()) ** 2).sum() for v in values.values()) / df
     # one-way ANOVA agrees: SciPy's F is the between-group mean square over this within-group one
-    between = sum(len(v) * (v.mean() - np.concatenate(list(values.values())).mean()) ** 2 for v in values.values()) / (len(values) - 1)
+    between = sum(len(v) * (v.mean() - np.concatenate(list(values.values())).mean()) ** 2 for v in values.values()) / (
+        len(values) - 1
+    )
     assert between / s2 == pytest.approx(stats.f_oneway(*values.values()).statistic, rel=1e-10)
     for label, (start, to) in contrasts.items():
         difference = values[to].mean() - values[start].mean()
@@ -248,7 +289,10 @@ def test_pooled_contrasts_against_a_pooled_t_by_hand_and_scipy():
         assert got[label].df == df and got[label].difference == pytest.approx(difference, rel=1e-12)
         assert got[label].p == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-10)
         half = stats.t.ppf(0.975, df) * se
-        assert (got[label].ci_low, got[label].ci_high) == (pytest.approx(difference - half), pytest.approx(difference + half))
+        assert (got[label].ci_low, got[label].ci_high) == (
+            pytest.approx(difference - half),
+            pytest.approx(difference + half),
+        )
     # two groups alone: the pooled model is Student's t
     two = significance.pooled_contrasts({k: groups[k] for k in "ab"}, {"x": ("a", "b")})["x"]
     assert two.p == pytest.approx(stats.ttest_ind(groups["b"], groups["a"], equal_var=True).pvalue, rel=1e-10)
@@ -269,16 +313,20 @@ def test_sensitivity_tests_take_holm_over_the_same_family():
     assert min(paired[v].p_holm for v in points) == pytest.approx(min(1.0, 5 * min(raw)))
     groups = {0: list(reference.values()), **{v: list(p.values()) for v, p in points.items()}}
     pooled = significance.adjust(significance.pooled_contrasts(groups, {v: (0, v) for v in points}), planned=5)
-    assert [pooled[v].p_holm for v in points] == pytest.approx(significance.holm([pooled[v].p for v in points], planned=5))
+    assert [pooled[v].p_holm for v in points] == pytest.approx(
+        significance.holm([pooled[v].p for v in points], planned=5)
+    )
     assert not hasattr(paired[1], "verdict")  # a sensitivity analysis gives no verdict
 
 
 def test_table_comparisons_adjust_over_the_table_and_give_the_verdicts():
     reference = [40.0, 40.2, 39.8, 40.1, 39.9]
-    points = {"far": [38.0, 38.2, 37.8, 38.1, 37.9],  # 2 BLEU lower, tiny spread
-              "close": [40.02, 40.18, 39.83, 40.1, 39.91],  # within ±0.5 and tight
-              "noisy": [39.0, 41.0, 38.5, 41.5, 40.0],  # wide: neither
-              "one": [40.0]}  # one seed: untested
+    points = {
+        "far": [38.0, 38.2, 37.8, 38.1, 37.9],  # 2 BLEU lower, tiny spread
+        "close": [40.02, 40.18, 39.83, 40.1, 39.91],  # within ±0.5 and tight
+        "noisy": [39.0, 41.0, 38.5, 41.5, 40.0],  # wide: neither
+        "one": [40.0],
+    }  # one seed: untested
     compared = significance.table_comparisons(points, reference)
     raw = [compared[v].p for v in ("far", "close", "noisy")]
     assert [compared[v].p_holm for v in ("far", "close", "noisy")] == pytest.approx(significance.holm(raw))

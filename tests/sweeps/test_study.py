@@ -17,7 +17,9 @@ def write_sweep(results_dir, name, key, reference, bleu):
     """A stored sweep: sweep.json and one result.json per value and seed (`bleu`: value -> per-seed test BLEU)."""
     sweep_dir = results_dir / name
     sweep_dir.mkdir(parents=True)
-    (sweep_dir / store.SPEC_FILE).write_text(json.dumps({"name": name, "key": key, "values": list(bleu), "reference": reference}))
+    (sweep_dir / store.SPEC_FILE).write_text(
+        json.dumps({"name": name, "key": key, "values": list(bleu), "reference": reference})
+    )
     for value, scores in bleu.items():
         for seed, score in enumerate(scores):
             path = store.point_path(sweep_dir, key, value, seed)
@@ -30,8 +32,10 @@ def test_one_holm_family_over_every_sweeps_comparisons_and_the_planned_ones(tmp_
     write_sweep(tmp_path, "shape", "shape", "a", {"a": [40.0, 41.0, 42.0], "b": [38.0, 38.5, 39.5, 39.0]})
     planned = (("heads", 8, 1), ("heads", 8, 16), ("shape", "a", "b"), ("budget", "x", "y"))
     compared = study.study_comparisons(tmp_path, planned)
-    raw = {c: stats.ttest_ind(*[[40.0, 41.0, 42.0], pt][::-1], equal_var=False).pvalue
-           for c, pt in zip(planned, ([37.0, 38.0, 39.0], [40.0, 41.5, 42.0], [38.0, 38.5, 39.5, 39.0]))}
+    raw = {
+        c: stats.ttest_ind(*[[40.0, 41.0, 42.0], pt][::-1], equal_var=False).pvalue
+        for c, pt in zip(planned, ([37.0, 38.0, 39.0], [40.0, 41.5, 42.0], [38.0, 38.5, 39.5, 39.0]))
+    }
     for c, p in raw.items():
         assert compared[c].p == pytest.approx(p, rel=1e-9)
     assert compared[("budget", "x", "y")] is None  # its sweep is not stored: planned, counted as p = 1
@@ -46,7 +50,9 @@ def test_one_holm_family_over_every_sweeps_comparisons_and_the_planned_ones(tmp_
         assert compared[c].p_holm == pytest.approx(expected[c], rel=1e-9)
     # h = 1: p 0.0213 (tests/sweeps/test_tables.py's hand-worked case) is lower in its own table of 2 (0.043), not
     # in this study of 4 (0.085)
-    assert raw[("heads", 8, 1)] == pytest.approx(0.0213, abs=1e-4) and compared[("heads", 8, 1)].p_holm == pytest.approx(4 * raw[("heads", 8, 1)])
+    assert raw[("heads", 8, 1)] == pytest.approx(0.0213, abs=1e-4) and compared[
+        ("heads", 8, 1)
+    ].p_holm == pytest.approx(4 * raw[("heads", 8, 1)])
     assert compared[("heads", 8, 1)].verdict == "undetermined"
     assert compared[("shape", "a", "b")].difference == pytest.approx(38.75 - 41.0)
 
@@ -75,8 +81,13 @@ def test_a_bad_study_is_refused_naming_the_entry(tmp_path):
 
 
 def test_table3s_study_names_values_its_sweeps_have_and_no_comparison_twice():
-    configs = {"heads": "ablation_heads", "dk": "ablation_dk", "kv": "ablation_kv", "head_size": "ablation_head_size",
-               "heads_budget": "ablation_heads_budget"}
+    configs = {
+        "heads": "ablation_heads",
+        "dk": "ablation_dk",
+        "kv": "ablation_kv",
+        "head_size": "ablation_head_size",
+        "heads_budget": "ablation_heads_budget",
+    }
     modules = {name: sweep.load_module(f"configs/{file}.py") for name, file in configs.items()}
     for name, start, to in table3_preset.STUDY:
         assert modules[name].SWEEP_NAME == name and {start, to} <= set(modules[name].SWEEP_VALUES)
@@ -90,14 +101,26 @@ def test_table3s_study_names_values_its_sweeps_have_and_no_comparison_twice():
 
 def test_the_studys_sensitivity_counts_a_shared_run_once_and_names_every_seeds_batch(tmp_path):
     machine = "cpu|cpu|AMD EPYC, no native bf16|jax 0.12.0.1|jaxlib 0.12.0.1"
-    bleu = {("heads", 8): [40.0, 41.0, 41.5], ("heads", 32): [38.5, 39.8, 40.0], ("shape", "h8_dk8"): [38.0, 38.4, 39.9]}
+    bleu = {
+        ("heads", 8): [40.0, 41.0, 41.5],
+        ("heads", 32): [38.5, 39.8, 40.0],
+        ("shape", "h8_dk8"): [38.0, 38.4, 39.9],
+    }
     for name, key, values in (("heads", "h", [8, 32]), ("shape", "shape", ["h8_dk32", "h8_dk8"])):
         (tmp_path / name).mkdir()
-        (tmp_path / name / store.SPEC_FILE).write_text(json.dumps({"name": name, "key": key, "values": values, "reference": values[0]}))
+        (tmp_path / name / store.SPEC_FILE).write_text(
+            json.dumps({"name": name, "key": key, "values": values, "reference": values[0]})
+        )
         for value in values:
             for seed in range(3):
-                result = {"value": value, "seed": seed, "commit": ("a" if seed < 2 else "b") * 40, "dirty": False, "machine": machine,
-                          "test_bleu": bleu.get((name, value), bleu[("heads", 8)])[seed]}
+                result = {
+                    "value": value,
+                    "seed": seed,
+                    "commit": ("a" if seed < 2 else "b") * 40,
+                    "dirty": False,
+                    "machine": machine,
+                    "test_bleu": bleu.get((name, value), bleu[("heads", 8)])[seed],
+                }
                 if value == "h8_dk32":  # rows A's h = 8 run, copied
                     result["shared_from"] = f"heads/h8/seed{seed}"
                 path = store.point_path(tmp_path / name, key, value, seed)
@@ -110,15 +133,25 @@ def test_the_studys_sensitivity_counts_a_shared_run_once_and_names_every_seeds_b
     s2 = sum(((g - g.mean()) ** 2).sum() for g in groups) / 6
     assert "all 9 runs of the 3 points" in table and "6 df" in table
     rows = cells_of(table.split("## Sensitivity")[1])
-    for label, (start, to) in {"heads: 8 → 32": (("heads", 8), ("heads", 32)),
-                               "shape: h8_dk32 → h8_dk8": (("heads", 8), ("shape", "h8_dk8"))}.items():
+    for label, (start, to) in {
+        "heads: 8 → 32": (("heads", 8), ("heads", 32)),
+        "shape: h8_dk32 → h8_dk8": (("heads", 8), ("shape", "h8_dk8")),
+    }.items():
         a, b = np.array(bleu[start]), np.array(bleu[to])
         pooled = 2 * stats.t.sf(abs(b.mean() - a.mean()) / np.sqrt(s2 * 2 / 3), 6)
         assert rows[label][8] == tables._p(pooled)
         assert rows[label][5] == tables._p(stats.ttest_rel(b, a).pvalue)
         assert rows[label][:3] == ["A A B → A A B", "yes", "0–2 (3 in one batch)"]
-    paired = [stats.ttest_rel(np.array(bleu[t]), np.array(bleu[("heads", 8)])).pvalue for t in (("heads", 32), ("shape", "h8_dk8"))]
-    assert [rows[label][6] for label in ("heads: 8 → 32", "shape: h8_dk32 → h8_dk8")] == [tables._p(p) for p in significance.holm(paired)]  # Holm over the study's 2
+    paired = [
+        stats.ttest_rel(np.array(bleu[t]), np.array(bleu[("heads", 8)])).pvalue
+        for t in (("heads", 32), ("shape", "h8_dk8"))
+    ]
+    assert [rows[label][6] for label in ("heads: 8 → 32", "shape: h8_dk32 → h8_dk8")] == [
+        tables._p(p) for p in significance.holm(paired)
+    ]  # Holm over the study's 2
     legend = cells_of(table.split("## Batches")[1].split("## Sensitivity")[0])
-    assert legend["A"] == ["aaaaaaa × AMD EPYC (no native bf16)", "heads/h8: 0, 1; heads/h32: 0, 1; shape/shape_h8_dk8: 0, 1"]
+    assert legend["A"] == [
+        "aaaaaaa × AMD EPYC (no native bf16)",
+        "heads/h8: 0, 1; heads/h32: 0, 1; shape/shape_h8_dk8: 0, 1",
+    ]
     assert "at 0.05 / 2 = 0.0250 (Holm's strictest step over the study's 2)" in table

@@ -37,15 +37,32 @@ def swept(tmp_path_factory):
     shutil.copytree(results, results2)
     workdir2 = base / "machine2" / "runs"
     module = sweep.load_module(ROOT / CONFIG)
-    submitted = launch.submit([sys.executable, str(ROOT / "sweep.py")], str(ROOT / CONFIG), workdir2, results2, 1,
-                              launch.SlurmOptions(time_min=20), cluster="local")
+    submitted = launch.submit(
+        [sys.executable, str(ROOT / "sweep.py")],
+        str(ROOT / CONFIG),
+        workdir2,
+        results2,
+        1,
+        launch.SlurmOptions(time_min=20),
+        cluster="local",
+    )
     failed = launch.wait(submitted)
-    return {"workdir": workdir, "results": results, "workdir2": workdir2, "results2": results2, "out": out,
-            "submitted": [p.name for p, _ in submitted], "failed": failed, "sweep": results2 / module.SWEEP_NAME}
+    return {
+        "workdir": workdir,
+        "results": results,
+        "workdir2": workdir2,
+        "results2": results2,
+        "out": out,
+        "submitted": [p.name for p, _ in submitted],
+        "failed": failed,
+        "sweep": results2 / module.SWEEP_NAME,
+    }
 
 
 def run_cli(*args):
-    done = subprocess.run([sys.executable, "sweep.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(
+        [sys.executable, "sweep.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=1500
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -62,8 +79,13 @@ def test_every_point_runs_and_is_measured(swept):
         assert result["kv_cache_bytes_per_token"] == 1 * 2 * 16 * 4
         assert 0 <= result["dev_bleu"] <= 100 and result["test_perplexity"] > 1
         assert result["commit"] == head
-        assert sorted(p.name for p in point.iterdir()) == ["config.json", "hypotheses.test_2016_flickr.beam4.txt",
-                                                          "hypotheses.val.beam4.txt", "metrics.jsonl", "result.json"]
+        assert sorted(p.name for p in point.iterdir()) == [
+            "config.json",
+            "hypotheses.test_2016_flickr.beam4.txt",
+            "hypotheses.val.beam4.txt",
+            "metrics.jsonl",
+            "result.json",
+        ]
         assert len((point / "hypotheses.test_2016_flickr.beam4.txt").read_text().splitlines()) == 1000
     # One shared vocabulary, carried to machine 2 with the results: the points tokenise identically.
     vocabulary = (swept["results"] / "tiny_heads" / "spm.model").read_bytes()
@@ -78,8 +100,32 @@ def test_finished_points_are_skipped(swept):
     out = run_cli("--config", CONFIG, "--workdir", swept["workdir2"], "--seeds", "1", "--results_dir", results2)
     assert "[sweep] start" not in out
     assert (swept["sweep"] / "h1" / "seed0" / "result.json").stat().st_mtime_ns == stamp
-    assert run_cli("--config", CONFIG, "--workdir", swept["workdir2"], "--seeds", "1", "--results_dir", results2, "--print_commands") == ""
-    assert launch.submit([sys.executable, str(ROOT / "sweep.py")], str(ROOT / CONFIG), swept["workdir2"], results2, 1, launch.SlurmOptions(), cluster="local") == []
+    assert (
+        run_cli(
+            "--config",
+            CONFIG,
+            "--workdir",
+            swept["workdir2"],
+            "--seeds",
+            "1",
+            "--results_dir",
+            results2,
+            "--print_commands",
+        )
+        == ""
+    )
+    assert (
+        launch.submit(
+            [sys.executable, str(ROOT / "sweep.py")],
+            str(ROOT / CONFIG),
+            swept["workdir2"],
+            results2,
+            1,
+            launch.SlurmOptions(),
+            cluster="local",
+        )
+        == []
+    )
 
 
 def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp_path):
@@ -94,8 +140,12 @@ def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:7] == ["h", "d_k", "parameters", "dev PPL", "dev BLEU", "test PPL", "test BLEU"]
     assert [line.split("|")[1].strip() for line in table[2:4]] == ["1", "2"]
-    assert table[2].split("|")[header.index("paper dev BLEU") + 1].strip() == "24.9"  # the paper's h=1 dev BLEU beside ours
-    p_column = header.index("per seed pair: test BLEU p vs h=2's same seed (secondary; two-sided paired randomization)") + 1
+    assert (
+        table[2].split("|")[header.index("paper dev BLEU") + 1].strip() == "24.9"
+    )  # the paper's h=1 dev BLEU beside ours
+    p_column = (
+        header.index("per seed pair: test BLEU p vs h=2's same seed (secondary; two-sided paired randomization)") + 1
+    )
     assert 0 < float(table[2].split("|")[p_column]) <= 1 and table[3].split("|")[p_column].strip() == "reference"
     rows = list(csv.DictReader(open(results / "tiny_heads.csv")))
     assert [r["value"] for r in rows] == ["1", "2"] and "dev_bleu_mean" in rows[0]
@@ -103,8 +153,17 @@ def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp
 
 
 def test_print_commands_lists_unfinished_points(tmp_path):
-    out = run_cli("--config", CONFIG, "--workdir", tmp_path, "--results_dir", tmp_path / "results", "--seeds", "2",
-                  "--print_commands").splitlines()
+    out = run_cli(
+        "--config",
+        CONFIG,
+        "--workdir",
+        tmp_path,
+        "--results_dir",
+        tmp_path / "results",
+        "--seeds",
+        "2",
+        "--print_commands",
+    ).splitlines()
     assert len(out) == 4 and out[0].endswith("--point h=1 --seed 0") and out[1].endswith("--point h=2 --seed 0")
 
 
@@ -121,11 +180,13 @@ def _vocabulary_point(config, out, barrier, errors):
     barrier.wait()
     try:
         sweep.shared_vocabulary(config, out)
-    except Exception as error:  # noqa: BLE001 - reported to the parent
+    except Exception as error:
         errors.put(f"{type(error).__name__}: {error}")
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the points train no model
+@pytest.mark.filterwarnings(
+    "ignore::RuntimeWarning", "ignore::DeprecationWarning"
+)  # os.fork with JAX imported: the points train no model
 def test_points_starting_together_all_get_the_one_shared_vocabulary(tmp_path, monkeypatch):
     import multiprocessing
 

@@ -14,8 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import (ablation_dk, ablation_family, ablation_family_long, ablation_head_size, ablation_heads, ablation_heads_budget,
-                     ablation_kv, head_size_blocked)
+from configs import (
+    ablation_dk,
+    ablation_family,
+    ablation_family_long,
+    ablation_head_size,
+    ablation_heads,
+    ablation_heads_budget,
+    ablation_kv,
+    head_size_blocked,
+)
 from training import config as config_lib
 from sweeps import store, sweep
 
@@ -34,19 +42,32 @@ def test_bad_sweep_config(tmp_path):
         sweep.points(sweep.load_module(CONFIG), 0)
 
 
-@pytest.mark.parametrize("line, field", [
-    ('SWEEP_NAME = "a/b"', "SWEEP_NAME"), ('SWEEP_KEY = "h=1"', "SWEEP_KEY"), ("SWEEP_VALUES = ()", "SWEEP_VALUES"),
-    ("SWEEP_VALUES = (1, 1)", "SWEEP_VALUES"), ("SWEEP_VALUES = (0, 2)", "SWEEP_VALUES"), ('SWEEP_VALUES = ("1", 2)', "SWEEP_VALUES"),
-    ("SWEEP_REFERENCE = 8", "SWEEP_REFERENCE"), ("SWEEP_TEST_SPLIT = 3", "SWEEP_TEST_SPLIT"),
-    ('SWEEP_SHARED_REFERENCE = "heads"', "SWEEP_SHARED_REFERENCE"), ('SWEEP_SHARED_REFERENCE = ("s", 2)', "SWEEP_SHARED_REFERENCE"),
-    ('SWEEP_SHARED_REFERENCE = ("heads", 0)', "SWEEP_SHARED_REFERENCE"), ('SWEEP_VALUES = ("lsh", 2)', "SWEEP_VALUES"),
-    ('SWEEP_VALUES = ("Big Bird", "lsh")', "SWEEP_VALUES"), ('SWEEP_VALUES = ("lsh", "mla")', "SWEEP_REFERENCE"),
-    ('SWEEP_SHARED = {3: ("heads", 8)}', "SWEEP_SHARED"), ('SWEEP_SHARED = {1: ("s", 1)}', "SWEEP_SHARED"),
-    ('SWEEP_SHARED = [(1, ("heads", 1))]', "SWEEP_SHARED"),
-    ('SWEEP_SHARED_REFERENCE = ("heads", 8)\nSWEEP_SHARED = {2: ("heads", 4)}', "SWEEP_SHARED"),
-    ('SWEEP_CONTRASTS = (("x", 1, 3),)', "SWEEP_CONTRASTS"), ('SWEEP_CONTRASTS = (("x", 1, 1),)', "SWEEP_CONTRASTS"),
-    ('SWEEP_CONTRASTS = ("x", 1, 2)', "SWEEP_CONTRASTS"),
-])
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ('SWEEP_NAME = "a/b"', "SWEEP_NAME"),
+        ('SWEEP_KEY = "h=1"', "SWEEP_KEY"),
+        ("SWEEP_VALUES = ()", "SWEEP_VALUES"),
+        ("SWEEP_VALUES = (1, 1)", "SWEEP_VALUES"),
+        ("SWEEP_VALUES = (0, 2)", "SWEEP_VALUES"),
+        ('SWEEP_VALUES = ("1", 2)', "SWEEP_VALUES"),
+        ("SWEEP_REFERENCE = 8", "SWEEP_REFERENCE"),
+        ("SWEEP_TEST_SPLIT = 3", "SWEEP_TEST_SPLIT"),
+        ('SWEEP_SHARED_REFERENCE = "heads"', "SWEEP_SHARED_REFERENCE"),
+        ('SWEEP_SHARED_REFERENCE = ("s", 2)', "SWEEP_SHARED_REFERENCE"),
+        ('SWEEP_SHARED_REFERENCE = ("heads", 0)', "SWEEP_SHARED_REFERENCE"),
+        ('SWEEP_VALUES = ("lsh", 2)', "SWEEP_VALUES"),
+        ('SWEEP_VALUES = ("Big Bird", "lsh")', "SWEEP_VALUES"),
+        ('SWEEP_VALUES = ("lsh", "mla")', "SWEEP_REFERENCE"),
+        ('SWEEP_SHARED = {3: ("heads", 8)}', "SWEEP_SHARED"),
+        ('SWEEP_SHARED = {1: ("s", 1)}', "SWEEP_SHARED"),
+        ('SWEEP_SHARED = [(1, ("heads", 1))]', "SWEEP_SHARED"),
+        ('SWEEP_SHARED_REFERENCE = ("heads", 8)\nSWEEP_SHARED = {2: ("heads", 4)}', "SWEEP_SHARED"),
+        ('SWEEP_CONTRASTS = (("x", 1, 3),)', "SWEEP_CONTRASTS"),
+        ('SWEEP_CONTRASTS = (("x", 1, 1),)', "SWEEP_CONTRASTS"),
+        ('SWEEP_CONTRASTS = ("x", 1, 2)', "SWEEP_CONTRASTS"),
+    ],
+)
 def test_bad_sweep_fields_are_named(tmp_path, line, field):
     path = tmp_path / "bad.py"
     path.write_text(GOOD + line + "\n")
@@ -72,18 +93,30 @@ def test_bad_point_is_named():
     with pytest.raises(ValueError, match="--jobs"):
         sweep.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=0)
     with pytest.raises(ValueError, match="--points_per_device"):
-        sweep.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=2, points_per_device=2)
+        sweep.run_sweep(
+            ["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=2, points_per_device=2
+        )
 
 
 def test_slurm_flags_need_the_slurm_launcher(tmp_path):
-    done = subprocess.run([sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--slurm_gpus", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--slurm_gpus", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1 and "--slurm_gpus applies to --launcher slurm only" in done.stderr
 
 
 def test_restart_needs_one_point(tmp_path):
-    done = subprocess.run([sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--restart"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--restart"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1 and "--restart applies to one point: give --point KEY=VALUE and --seed K" in done.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -104,12 +137,18 @@ def test_a_restarted_point_moves_its_run_aside_and_trains_on_the_shared_vocabula
     seen = {}
 
     def train(config, workdir, **kwargs):  # what the training would start from
-        seen.update(kwargs=kwargs, files=sorted(p.name for p in Path(workdir).iterdir()),
-                    vocabulary=(Path(workdir) / "spm.model").read_bytes())
+        seen.update(
+            kwargs=kwargs,
+            files=sorted(p.name for p in Path(workdir).iterdir()),
+            vocabulary=(Path(workdir) / "spm.model").read_bytes(),
+        )
         with open(Path(workdir) / "metrics.jsonl", "a") as f:  # and then stopped again, at step 3
             f.write(json.dumps({"step": 3, "loss": 3.0}) + "\n")
+
     monkeypatch.setattr(sweep.loop, "train_and_evaluate", train)
-    assert sweep.run_point(str(CONFIG), tmp_path / "runs", point, tmp_path / "results", restart=restart) is None  # stopped early
+    assert (
+        sweep.run_point(str(CONFIG), tmp_path / "runs", point, tmp_path / "results", restart=restart) is None
+    )  # stopped early
     assert seen["kwargs"] == {}  # never the training's own restart
     assert not (run_dir / sweep.LOCK_FILE).exists()
     if not restart:
@@ -130,8 +169,17 @@ def field_of(config, dotted):
 def test_table3_sweeps_share_one_preset():
     configs = [ablation_heads.get_config("h=2"), ablation_kv.get_config("kv=1"), ablation_dk.get_config("dk=8")]
     for config in configs[1:]:
-        for field in ("num_train_steps", "optimizer.warmup_steps", "optimizer.learning_rate", "model.d_model", "model.num_layers",
-                      "model.mlp_dim", "data.vocab_size", "data.token_budget", "seed"):
+        for field in (
+            "num_train_steps",
+            "optimizer.warmup_steps",
+            "optimizer.learning_rate",
+            "model.d_model",
+            "model.num_layers",
+            "model.mlp_dim",
+            "data.vocab_size",
+            "data.token_budget",
+            "seed",
+        ):
             assert field_of(config, field) == field_of(configs[0], field), field
 
 
@@ -160,7 +208,9 @@ def test_family_sweep_members_differ_from_softmax_at_translation_lengths():
     outputs = {}
     for name in [n for n in ablation_family.SWEEP_VALUES if n == "softmax" or ablation_family.OPTIONS[n]]:
         config = ablation_family.get_config(f"attention={name}")
-        config.model.update(d_model=64, mlp_dim=64, num_layers=1)  # small and quick; h = 8 and the member's options as swept
+        config.model.update(
+            d_model=64, mlp_dim=64, num_layers=1
+        )  # small and quick; h = 8 and the member's options as swept
         config_lib.validate(config)
         model = config_lib.build_model(config, Vocab(), "float32")
         params = model.init(jax.random.key(0), src, tgt)
@@ -192,7 +242,9 @@ def test_a_point_stopped_before_its_last_step_is_not_stored(tmp_path):
     if not os.environ.get("MULTI30K_DIR"):
         pytest.skip("MULTI30K_DIR is not set (.ci/run sets it to the shared offline copy)")
     config = tmp_path / "stopped_sweep.py"  # the tiny sweep, with a time budget that ends training after its first step
-    config.write_text(CONFIG.read_text().replace("    return config\n", "    config.max_train_seconds = 1e-6\n    return config\n"))
+    config.write_text(
+        CONFIG.read_text().replace("    return config\n", "    config.max_train_seconds = 1e-6\n    return config\n")
+    )
     module = sweep.load_module(config)
     point = sweep.parse_point("h=2", 0, module)
     assert sweep.run_point(str(config), tmp_path / "runs", point, tmp_path / "results") is None
@@ -204,6 +256,7 @@ def flat(config):
     def walk(d, prefix=""):
         for k, v in d.items():
             yield from walk(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)]
+
     return dict(walk(config.to_dict()))
 
 
@@ -212,13 +265,18 @@ class Vocab:
         return 64
 
 
-@pytest.mark.parametrize("module, arg, spelled, rows_a", [
-    (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8), (ablation_kv, "kv=8", {"model.num_kv_heads": 8}, 8),
-    (ablation_family, "attention=softmax", {}, 8),
-    (ablation_head_size, "shape=h8_dk32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8),
-    (ablation_head_size, "shape=h32_dk8", {"model.head_dim": 8, "model.v_head_dim": 8}, 32),
-    (ablation_heads_budget, "run=h8_4000", {}, 8), (ablation_heads_budget, "run=h32_4000", {}, 32),
-])
+@pytest.mark.parametrize(
+    "module, arg, spelled, rows_a",
+    [
+        (ablation_dk, "dk=32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8),
+        (ablation_kv, "kv=8", {"model.num_kv_heads": 8}, 8),
+        (ablation_family, "attention=softmax", {}, 8),
+        (ablation_head_size, "shape=h8_dk32", {"model.head_dim": 32, "model.v_head_dim": 32}, 8),
+        (ablation_head_size, "shape=h32_dk8", {"model.head_dim": 8, "model.v_head_dim": 8}, 32),
+        (ablation_heads_budget, "run=h8_4000", {}, 8),
+        (ablation_heads_budget, "run=h32_4000", {}, 32),
+    ],
+)
 def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled, rows_a):
     # The seeds these sweeps copy from rows A (SWEEP_SHARED_REFERENCE, SWEEP_SHARED) must be the run they would train:
     # the configs differ only in spelling out rows A's defaults, and build a model with the same parameters and outputs.
@@ -247,7 +305,9 @@ def write_finished(sweep_dir, key, value, seed, test_bleu):
     point.mkdir(parents=True)
     for name in ("metrics.jsonl", "config.json", "hypotheses.val.beam4.txt"):
         (point / name).write_text(f"{name} of {key}{value} seed {seed}\n")
-    (point / "result.json").write_text(json.dumps({"point": f"{key}={value}", "value": value, "seed": seed, "test_bleu": test_bleu}))
+    (point / "result.json").write_text(
+        json.dumps({"point": f"{key}={value}", "value": value, "seed": seed, "test_bleu": test_bleu})
+    )
 
 
 def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
@@ -257,7 +317,9 @@ def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
     write_finished(results / "heads", "h", 8, 0, 40.0)
     write_finished(results / "heads", "h", 4, 1, 39.0)  # not the shared value
     config = tmp_path / "kv_like.py"
-    config.write_text(GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n')
+    config.write_text(
+        GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n'
+    )
     module = sweep.load_module(config)
     todo = sweep.pending(results, str(config), module, seeds=2)
     assert [p.name for p in todo] == ["kv1_seed0", "kv1_seed1", "kv2_seed1"]  # kv2 seed 0 came from heads' h8 seed 0
@@ -284,9 +346,14 @@ def test_shared_points_beyond_the_reference_are_copied(tmp_path):
     for h, seed in ((8, 0), (8, 1), (4, 0)):
         write_finished(results / "heads", "h", h, seed, 40.0 - seed - (8 - h))
     config = tmp_path / "size_like.py"
-    config.write_text(GOOD.replace('"s"', '"size_like"').replace('"h"', '"shape"').replace("(1, 2)", '("big", "small", "new")')
-                      .replace("= 2\n", '= "big"\n') + 'SWEEP_SHARED = {"big": ("heads", 8), "small": ("heads", 4)}\n'
-                      + 'SWEEP_CONTRASTS = (("shrink", "big", "small"),)\n')
+    config.write_text(
+        GOOD.replace('"s"', '"size_like"')
+        .replace('"h"', '"shape"')
+        .replace("(1, 2)", '("big", "small", "new")')
+        .replace("= 2\n", '= "big"\n')
+        + 'SWEEP_SHARED = {"big": ("heads", 8), "small": ("heads", 4)}\n'
+        + 'SWEEP_CONTRASTS = (("shrink", "big", "small"),)\n'
+    )
     module = sweep.load_module(config)
     assert sweep.shared_points(module) == {"big": ("heads", 8), "small": ("heads", 4)}
     todo = sweep.pending(results, str(config), module, seeds=2)
@@ -296,7 +363,7 @@ def test_shared_points_beyond_the_reference_are_copied(tmp_path):
     assert store.read_spec(results / "size_like")["contrasts"] == [["shrink", "big", "small"]]
 
 
-FAKE_POINT = '''import pathlib, signal, sys, time
+FAKE_POINT = """import pathlib, signal, sys, time
 out = pathlib.Path(sys.argv[sys.argv.index("--workdir") + 1])
 def stop(signum, frame):
     (out / "terminated").write_text(str(signum))
@@ -304,17 +371,21 @@ def stop(signum, frame):
 signal.signal(signal.SIGTERM, stop)
 (out / "started").write_text("")
 time.sleep(120)
-'''
+"""
 
 
 def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
     # Killing a sweep must not orphan the point it runs (which would train on, unseen): the point gets the
     # SIGTERM too (a real one checkpoints on it), and the sweep waits for it before it exits.
     (tmp_path / "point.py").write_text(FAKE_POINT)
-    code = ("import sys; from pathlib import Path; from sweeps import sweep; "
-            f"sweep.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
-            f"Path({str(tmp_path / 'results')!r}), 1)")
-    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code = (
+        "import sys; from pathlib import Path; from sweeps import sweep; "
+        f"sweep.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
+        f"Path({str(tmp_path / 'results')!r}), 1)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     for _ in range(600):
         if (tmp_path / "started").exists() or parent.poll() is not None:
             break
@@ -332,7 +403,10 @@ def test_heads_budget_doubles_only_the_steps():
         rows_a = flat(ablation_heads.get_config(f"h={h}"))
         longer = flat(ablation_heads_budget.get_config(f"run=h{h}_8000"))
         assert {k: v for k, v in longer.items() if rows_a[k] != v} == {
-            "num_train_steps": 8000, "eval_every_steps": 800, "checkpoint_every_steps": 800}
+            "num_train_steps": 8000,
+            "eval_every_steps": 800,
+            "checkpoint_every_steps": 800,
+        }
         assert (longer["optimizer.warmup_steps"], longer["optimizer.schedule"]) == (300, "cosine")
     sweep.load_module(ROOT / "configs/ablation_heads_budget.py")  # a valid sweep config
     for arg in ("run=h16_8000", "h=8", "run="):
@@ -364,7 +438,9 @@ def test_adopt_stored_copies_the_seeds_the_other_sweep_gained_later(tmp_path):
         write_finished(results / "heads", "h", 8, seed, 40.0 + seed)
     write_finished(results / "heads", "h", 4, 2, 39.0)
     config = tmp_path / "kv_like.py"
-    config.write_text(GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n')
+    config.write_text(
+        GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n'
+    )
     module = sweep.load_module(config)
     with pytest.raises(FileNotFoundError, match="start the sweep"):
         sweep.adopt_stored(module, results)  # never started: no sweep.json for --collect to read
@@ -379,7 +455,9 @@ def test_adopt_stored_copies_the_seeds_the_other_sweep_gained_later(tmp_path):
 def test_the_blocked_replication_repeats_the_head_size_shapes_on_fresh_seeds():
     module = sweep.load_module(ROOT / "configs/head_size_blocked.py")
     for shape in ("h8_dk32", "h8_dk8", "h32_dk8", "h32_dk16"):  # the head-size sweep's 2 x 2, config for config
-        assert flat(head_size_blocked.get_config(f"shape={shape}")) == flat(ablation_head_size.get_config(f"shape={shape}")), shape
+        assert flat(head_size_blocked.get_config(f"shape={shape}")) == flat(
+            ablation_head_size.get_config(f"shape={shape}")
+        ), shape
     split = flat(head_size_blocked.get_config("shape=h8_dk32_dv8"))
     reference = flat(head_size_blocked.get_config("shape=h8_dk32"))
     assert {k: v for k, v in split.items() if reference[k] != v} == {"model.v_head_dim": 8}
@@ -395,25 +473,43 @@ def test_a_bad_first_seed_is_named(tmp_path, first):
         sweep.load_module(path)
 
 
-TABLE3_SWEEPS = ("ablation_heads", "ablation_kv", "ablation_dk", "ablation_family", "ablation_family_long",
-                 "ablation_heads_budget", "ablation_head_size", "head_size_blocked")
+TABLE3_SWEEPS = (
+    "ablation_heads",
+    "ablation_kv",
+    "ablation_dk",
+    "ablation_family",
+    "ablation_family_long",
+    "ablation_heads_budget",
+    "ablation_head_size",
+    "head_size_blocked",
+)
 
 
 @pytest.mark.parametrize("name", TABLE3_SWEEPS)
 def test_the_packed_preset_is_a_config_argument_and_a_sweep_of_its_own(name, tmp_path):
     # train.py's --config configs/X.py:KEY=VALUE,packed, and sweep.py's --config configs/X.py:packed
-    plain, packed = sweep.load_module(ROOT / f"configs/{name}.py"), sweep.load_module(f"{ROOT}/configs/{name}.py:packed")
+    plain, packed = (
+        sweep.load_module(ROOT / f"configs/{name}.py"),
+        sweep.load_module(f"{ROOT}/configs/{name}.py:packed"),
+    )
     assert packed.SWEEP_NAME == f"{plain.SWEEP_NAME}_packed" != plain.SWEEP_NAME  # results/NAME_packed/, apart
     arg = f"{plain.SWEEP_KEY}={plain.SWEEP_VALUES[-1]}"
     bucketed, variant = plain.get_config(arg), plain.get_config(f"{arg},packed")
     assert bucketed.data.pack_length == 0 and tuple(bucketed.eval.lengths) == ()
     assert variant.data.pack_length == 64 and tuple(variant.eval.lengths) == (64, variant.model.max_len) == (64, 256)
-    assert {k: v for k, v in flat(variant).items() if flat(bucketed)[k] != v} == {"data.pack_length": 64, "eval.lengths": (64, 256)}
-    assert flat(packed.get_config(arg)) == flat(variant) and flat(plain.get_config("packed")) == flat(packed.get_config(None))
+    assert {k: v for k, v in flat(variant).items() if flat(bucketed)[k] != v} == {
+        "data.pack_length": 64,
+        "eval.lengths": (64, 256),
+    }
+    assert flat(packed.get_config(arg)) == flat(variant) and flat(plain.get_config("packed")) == flat(
+        packed.get_config(None)
+    )
     # the sweep's points keep their plain arguments; the packed sweep shares only packed sweeps' runs
     assert [p.arg for p in sweep.points(packed, 1)] == [p.arg for p in sweep.points(plain, 1)]
     assert {v: (o + "_packed", ov) for v, (o, ov) in sweep.shared_points(plain).items()} == sweep.shared_points(packed)
-    command = sweep.point_command(["sweep.py"], f"configs/{name}.py:packed", tmp_path, tmp_path, sweep.points(packed, 1)[0])
+    command = sweep.point_command(
+        ["sweep.py"], f"configs/{name}.py:packed", tmp_path, tmp_path, sweep.points(packed, 1)[0]
+    )
     assert command[command.index("--config") + 1] == f"configs/{name}.py:packed"
 
 

@@ -13,8 +13,11 @@ from training import checkpoints
 def state(seed):
     """Incompressible arrays (random float32), so the data file holds them as raw bytes, like a trained model's."""
     rng = np.random.default_rng(seed)
-    return {"w": jnp.asarray(rng.standard_normal((512, 512), dtype=np.float32)),
-            "b": jnp.asarray(rng.standard_normal(512, dtype=np.float32)), "step": jnp.int32(seed)}
+    return {
+        "w": jnp.asarray(rng.standard_normal((512, 512), dtype=np.float32)),
+        "b": jnp.asarray(rng.standard_normal(512, dtype=np.float32)),
+        "step": jnp.int32(seed),
+    }
 
 
 def corrupt_largest_file(step_dir, seed=0):
@@ -101,7 +104,7 @@ def test_an_intact_best_state_is_used_when_every_latest_checkpoint_is_damaged(tm
 
 
 def test_rotation_never_deletes_the_protected_step(tmp_path):
-    small = lambda step: {"w": jnp.full((4,), step, jnp.float32)}  # noqa: E731
+    small = lambda step: {"w": jnp.full((4,), step, jnp.float32)}
     ckpts = checkpoints.Checkpoints(tmp_path, keep=2, protected=3)
     for step in range(1, 8):
         ckpts.save(step, small(step))

@@ -33,12 +33,28 @@ def test_config_model_is_the_model_fields_and_the_run_settings():
 
 def test_the_default_config_gives_the_model_written_out_by_hand():
     config = default.get_config()
-    config.model.update(dtype="float32", num_kv_heads=2, v_head_dim=32, attention_type="performer",
-                        attention_options="num_features=16")
+    config.model.update(
+        dtype="float32", num_kv_heads=2, v_head_dim=32, attention_type="performer", attention_options="num_features=16"
+    )
     expected = TransformerConfig(
-        vocab_size=VOCAB, d_model=256, num_heads=4, num_kv_heads=2, head_dim=None, v_head_dim=32, num_layers=3,
-        mlp_dim=1024, dropout_rate=0.1, attention_dropout_rate=0.0, pre_ln=True, activation="relu", tie_embeddings=True,
-        scale_out_init=False, max_len=256, dtype=jnp.float32, attention_impl="vmap", attention_type="performer",
+        vocab_size=VOCAB,
+        d_model=256,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=None,
+        v_head_dim=32,
+        num_layers=3,
+        mlp_dim=1024,
+        dropout_rate=0.1,
+        attention_dropout_rate=0.0,
+        pre_ln=True,
+        activation="relu",
+        tie_embeddings=True,
+        scale_out_init=False,
+        max_len=256,
+        dtype=jnp.float32,
+        attention_impl="vmap",
+        attention_type="performer",
         attention_options={"num_features": 16},
     )
     assert dataclasses.replace(config_lib.model_config(config, VOCAB, "float32"), **HOOKS) == expected
@@ -61,8 +77,12 @@ def test_the_oldest_workdir_config_reads_back_with_the_later_fields_at_their_old
     saved = json.loads(path.read_text())
     assert not {"v_head_dim", "matmul", "attention_type", "attention_options"} & set(saved["model"])  # it predates them
     config = config_lib.load_saved(path)
-    assert (config.model.v_head_dim, config.model.matmul, config.model.attention_type, config.model.attention_options) == (
-        None, "auto", "softmax", "")
+    assert (
+        config.model.v_head_dim,
+        config.model.matmul,
+        config.model.attention_type,
+        config.model.attention_options,
+    ) == (None, "auto", "softmax", "")
     assert (config.data.pack_length, config.optimizer.schedule, config.eval.lengths) == (0, "rsqrt", ())
     expected = TransformerConfig(vocab_size=VOCAB, d_model=256, num_heads=4, num_layers=3, mlp_dim=1024, max_len=256)
     assert dataclasses.replace(config_lib.model_config(config, VOCAB, "float32"), **HOOKS) == expected
@@ -103,12 +123,19 @@ def test_options_are_written_as_the_text_they_are_read_from():
     assert config_lib.format_options({}) == ""
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("seed", -1, "config.seed = -1; expected an int in [0, 2**32)"),  # was SentencePiece's TypeError
-    ("data.bucket_lengths", ("(64",), "config.data.bucket_lengths = ('(64',); expected a tuple of ints >= 2"),  # '--config.data.bucket_lengths=(64'
-    ("data.eval_split", "bogus", "config.data.eval_split = 'bogus'; expected one of Multi30k's splits"),
-    ("data.train_split", "tain", "config.data.train_split = 'tain'; expected one of Multi30k's splits"),
-])
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("seed", -1, "config.seed = -1; expected an int in [0, 2**32)"),  # was SentencePiece's TypeError
+        (
+            "data.bucket_lengths",
+            ("(64",),
+            "config.data.bucket_lengths = ('(64',); expected a tuple of ints >= 2",
+        ),  # '--config.data.bucket_lengths=(64'
+        ("data.eval_split", "bogus", "config.data.eval_split = 'bogus'; expected one of Multi30k's splits"),
+        ("data.train_split", "tain", "config.data.train_split = 'tain'; expected one of Multi30k's splits"),
+    ],
+)
 def test_a_bad_value_is_refused_naming_its_field(field, value, named):
     config = default.get_config()
     section, _, name = field.rpartition(".")
@@ -117,12 +144,15 @@ def test_a_bad_value_is_refused_naming_its_field(field, value, named):
         config_lib.validate(config)
 
 
-@pytest.mark.parametrize("arg, named", [
-    ("h=abc", "configs/default.py:h=abc: h (model.num_heads) = 'abc'; expected a positive int"),
-    ("kv=0", "configs/default.py:kv=0: kv (model.num_kv_heads) = '0'; expected a positive int"),
-    ("foo=1", "configs/default.py:foo=1: unknown argument 'foo'"),
-    ("h8", "configs/default.py:h8: expected key=value pairs"),
-])
+@pytest.mark.parametrize(
+    "arg, named",
+    [
+        ("h=abc", "configs/default.py:h=abc: h (model.num_heads) = 'abc'; expected a positive int"),
+        ("kv=0", "configs/default.py:kv=0: kv (model.num_kv_heads) = '0'; expected a positive int"),
+        ("foo=1", "configs/default.py:foo=1: unknown argument 'foo'"),
+        ("h8", "configs/default.py:h8: expected key=value pairs"),
+    ],
+)
 def test_a_bad_config_argument_names_itself(arg, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         default.get_config(arg)

@@ -57,10 +57,14 @@ def test_the_preset_compiled_for_an_accelerator_carries_no_cpu_hook(monkeypatch,
     model_config = config_lib.model_config(_preset("auto"), VOCAB, platform=platform)
     assert model_config.dtype == jnp.bfloat16  # 'auto' for an accelerator: bfloat16, this host unmeasured
     assert model_config.dot_general is None and model_config.dropout_keep is None  # XLA's dots taken
-    assert model_config.formulation.platform == platform and not isinstance(model_config.formulation, xla_cpu.XlaCpuFormulation)
+    assert model_config.formulation.platform == platform and not isinstance(
+        model_config.formulation, xla_cpu.XlaCpuFormulation
+    )
     hlo = _train_hlo(model_config, platform)
     assert "optimization_barrier" not in hlo
-    dense = [d for d in DOT.findall(hlo) if d[0].count("x") < 5 and d[1].count("x") < 5]  # not attention's grouped products
+    dense = [
+        d for d in DOT.findall(hlo) if d[0].count("x") < 5 and d[1].count("x") < 5
+    ]  # not attention's grouped products
     assert dense and all(t.endswith("xbf16>") for d in dense for t in d), dense  # bf16 operands and results
 
 

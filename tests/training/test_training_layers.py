@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Top to bottom; the units of one layer do not import each other.
 LAYERS = (
-    ("run",),  # loop.py: one training run, top to bottom; aot.py: its programs compiled for a target; nothing in training/ imports them
+    (
+        "run",
+    ),  # loop.py: one training run, top to bottom; aot.py: its programs compiled for a target; nothing in training/ imports them
     ("evaluation",),  # a trained run read back: dev loss and BLEU, eval.py's work, decoding
     ("config", "checkpoints"),  # the validated config and the model it implies; saved train states
     ("parallel",),  # the step on the devices: jit / pmap trainers, mesh and sharding rules, multi-process
@@ -69,8 +71,12 @@ def layer_of(module: str, layers=LAYERS) -> int | None:
 
 def back_arrows(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
     """Imports of a module in another unit of the same or a higher layer (the package's __init__ aside)."""
-    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                  if unit(a) and unit(b) and unit(a) != unit(b) and layer_of(b, layers) <= layer_of(a, layers))
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if unit(a) and unit(b) and unit(a) != unit(b) and layer_of(b, layers) <= layer_of(a, layers)
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -79,7 +85,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
     def visit(node, stack):
         if node in stack:
-            found.append(stack[stack.index(node):] + [node])
+            found.append(stack[stack.index(node) :] + [node])
             return
         if node in done:
             return
@@ -108,10 +114,16 @@ def test_no_back_arrows_and_no_cycles_inside_training():
 
 def test_the_checks_find_a_back_arrow_and_a_cycle():
     # a hand-made graph: the step reaching up into the loop, and two utilities importing each other
-    graph = {"training.run.loop": {"training.core.step"}, "training.core.step": {"training.run.loop"},
-             "training.core.files": {"training.core.lock"}, "training.core.lock": {"training.core.files"},
-             "training.data.batching": set()}
+    graph = {
+        "training.run.loop": {"training.core.step"},
+        "training.core.step": {"training.run.loop"},
+        "training.core.files": {"training.core.lock"},
+        "training.core.lock": {"training.core.files"},
+        "training.data.batching": set(),
+    }
     assert back_arrows(graph) == ["training.core.step -> training.run.loop"]
-    assert cycles(graph) == [["training.core.files", "training.core.lock", "training.core.files"],
-                             ["training.core.step", "training.run.loop", "training.core.step"]]
+    assert cycles(graph) == [
+        ["training.core.files", "training.core.lock", "training.core.files"],
+        ["training.core.step", "training.run.loop", "training.core.step"],
+    ]
     assert back_arrows({"training.config": {"training.checkpoints"}}) == ["training.config -> training.checkpoints"]

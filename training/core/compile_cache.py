@@ -39,7 +39,9 @@ def cache_dir(setting: str) -> Path | None:
 def check_setting(setting) -> None:
     """ValueError unless `setting` is '', 'auto' or a path that is not a file."""
     if not isinstance(setting, str) or (setting not in ("", "auto") and Path(setting).expanduser().is_file()):
-        raise ValueError(f"config.compilation_cache_dir = {setting!r}; expected 'auto', '' (no cache) or a directory path")
+        raise ValueError(
+            f"config.compilation_cache_dir = {setting!r}; expected 'auto', '' (no cache) or a directory path"
+        )
 
 
 def enable(setting: str, name: str = "config.compilation_cache_dir") -> Path | None:
@@ -56,8 +58,10 @@ def enable(setting: str, name: str = "config.compilation_cache_dir") -> Path | N
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PermissionError(13, "not writable", str(directory))
     except OSError as error:
-        raise ValueError(f"{name} = {setting!r}: {directory} cannot be used "
-                         f"({error.strerror or error}); expected a writable directory, or '' for no cache") from None
+        raise ValueError(
+            f"{name} = {setting!r}: {directory} cannot be used "
+            f"({error.strerror or error}); expected a writable directory, or '' for no cache"
+        ) from None
     if jax.config.jax_compilation_cache_dir != str(directory):
         compilation_cache.set_cache_dir(str(directory))
         compilation_cache.reset_cache()  # JAX opens its cache once a process; make it open this one
@@ -101,4 +105,9 @@ class CompileCounter:
             self.compiled, self.compile_s = self.compiled + 1, self.compile_s + seconds
 
     def totals(self) -> dict:
-        return {"compiled": self.compiled, "compile_s": self.compile_s, "cache_loaded": self.loaded, "cache_load_s": self.load_s}
+        return {
+            "compiled": self.compiled,
+            "compile_s": self.compile_s,
+            "cache_loaded": self.loaded,
+            "cache_load_s": self.load_s,
+        }

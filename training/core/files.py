@@ -61,7 +61,9 @@ def naming(error: BaseException, path: str | Path) -> OSError | None:
         code = error.errno if isinstance(error, OSError) else refusal_code(str(error))
         if code in REFUSALS:
             return OSError(code, f"{os.strerror(code)} (writing it)", str(path))
-        error = error.__cause__ or error.__context__ or next((a for a in error.args if isinstance(a, BaseException)), None)
+        error = (
+            error.__cause__ or error.__context__ or next((a for a in error.args if isinstance(a, BaseException)), None)
+        )
     return None
 
 
@@ -83,12 +85,26 @@ def read_jsonl(path: str | Path) -> list[dict]:
             record = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             if torn or isinstance(error, json.JSONDecodeError):
-                logging.warning("%s line %d is not a whole JSON record (a write cut off?); dropped: %.60r", path, number, raw)
+                logging.warning(
+                    "%s line %d is not a whole JSON record (a write cut off?); dropped: %.60r", path, number, raw
+                )
                 continue
-            raise ValueError(f"{path} line {number} is not UTF-8 text ({error}); expected one JSON object a line "
-                             "(restore the file, or move it aside)") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
-            got = f"a JSON {type(record).__name__}" if not isinstance(record, dict) else f"an object without an int 'step' ({raw[:60]!r})"
-            raise ValueError(f"{path} line {number} holds {got}; expected a metrics record, a JSON object with an int 'step'")
+            raise ValueError(
+                f"{path} line {number} is not UTF-8 text ({error}); expected one JSON object a line "
+                "(restore the file, or move it aside)"
+            ) from None
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("step"), int)
+            or isinstance(record.get("step"), bool)
+        ):
+            got = (
+                f"a JSON {type(record).__name__}"
+                if not isinstance(record, dict)
+                else f"an object without an int 'step' ({raw[:60]!r})"
+            )
+            raise ValueError(
+                f"{path} line {number} holds {got}; expected a metrics record, a JSON object with an int 'step'"
+            )
         records.append(record)
     return records

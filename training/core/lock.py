@@ -85,7 +85,7 @@ def process_start(pid: int) -> str | None:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the name (field 2) may hold spaces and parentheses
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name (field 2) may hold spaces and parentheses
     return f"{boot}/{fields[19]}"  # field 22; fields[0] is field 3
 
 
@@ -111,8 +111,13 @@ def _read(lock: Path):
     except json.JSONDecodeError:  # HOST:PID, as this code wrote it before it recorded start times
         host, _, pid = text.rpartition(":")
         owner = {"host": host, "pid": int(pid), "started": None} if host and pid.isdigit() else None
-    if (not isinstance(owner, dict) or not isinstance(owner.get("host"), str) or type(owner.get("pid")) is not int
-            or owner["pid"] <= 0 or not isinstance(owner.get("started"), (str, type(None)))):
+    if (
+        not isinstance(owner, dict)
+        or not isinstance(owner.get("host"), str)
+        or type(owner.get("pid")) is not int
+        or owner["pid"] <= 0
+        or not isinstance(owner.get("started"), (str, type(None)))
+    ):
         return _GARBAGE
     return owner
 
@@ -126,12 +131,15 @@ def _judge(lock: Path) -> tuple[str | None, bool]:
         return None, True
     remove = f"rm {shlex.quote(str(lock))}"
     if owner is _GARBAGE:
-        return (f"{lock} is not a lock this code can read; if no process is working in {lock.parent}, "
-                f"remove it: {remove}"), False
+        return (
+            f"{lock} is not a lock this code can read; if no process is working in {lock.parent}, remove it: {remove}"
+        ), False
     name = f"{owner['host']}:{owner['pid']}"
     if owner["host"] != socket.gethostname():
-        return (f"{lock.parent} is in use by {name} (its {lock.name}), a process on another host that this one cannot "
-                f"check; if it has stopped, remove the lock: {remove}"), False
+        return (
+            f"{lock.parent} is in use by {name} (its {lock.name}), a process on another host that this one cannot "
+            f"check; if it has stopped, remove the lock: {remove}"
+        ), False
     started = process_start(owner["pid"])
     if owner["pid"] == os.getpid() and owner["started"] is None:  # an older lock naming this PID: not ours, so stale
         return None, True
@@ -163,7 +171,9 @@ def _write(lock: Path, text: str, replace: bool) -> None:
             os.unlink(tmp)
 
 
-GUARD_FILE = ".lock-guard"  # flocked instead of the directory where a directory cannot be (NFS emulates flock with fcntl locks)
+GUARD_FILE = (
+    ".lock-guard"  # flocked instead of the directory where a directory cannot be (NFS emulates flock with fcntl locks)
+)
 
 
 @contextlib.contextmanager

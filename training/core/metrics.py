@@ -22,7 +22,12 @@ class MetricsWriter:
             records = files.read_jsonl(path) if path.exists() else []
             kept = self.records = [r for r in records if r["step"] <= resume_step]
             if len(kept) < len(records):  # never cut silently
-                logging.warning("%s: %d records after step %d dropped (those steps are redone)", path, len(records) - len(kept), resume_step)
+                logging.warning(
+                    "%s: %d records after step %d dropped (those steps are redone)",
+                    path,
+                    len(records) - len(kept),
+                    resume_step,
+                )
             files.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
             self.jsonl = open(path, "a", encoding="utf-8")
             self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))

@@ -45,8 +45,10 @@ def machine_key(matmul: str = "auto") -> str:
     """What the verdict depends on: backend, device, CPU model and bfloat16 flags, JAX and jaxlib versions, `model.matmul`."""
     device = jax.devices()[0]
     native = "native bf16" if xla_cpu_bf16.cpu_has_native_bf16() else "no native bf16"
-    return (f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
-            f"|matmul {matmul}")
+    return (
+        f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
+        f"|matmul {matmul}"
+    )
 
 
 def _cpu_model() -> str:
@@ -83,8 +85,13 @@ def measure(matmul: str = "auto") -> dict:
     """float32 and bfloat16 seconds of the check on this backend with `model.matmul`'s products, and the dtype they pick."""
     shape = CPU_SHAPE if jax.default_backend() == "cpu" else ACCELERATOR_SHAPE
     f32, bf16 = matmul_seconds(jnp.float32, shape, matmul), matmul_seconds(jnp.bfloat16, shape, matmul)
-    return {"dtype": "bfloat16" if f32 >= MIN_SPEEDUP * bf16 else "float32",
-            "float32_s": f32, "bfloat16_s": bf16, "shape": list(shape), "matmul": matmul}
+    return {
+        "dtype": "bfloat16" if f32 >= MIN_SPEEDUP * bf16 else "float32",
+        "float32_s": f32,
+        "bfloat16_s": bf16,
+        "shape": list(shape),
+        "matmul": matmul,
+    }
 
 
 def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = None, matmul: str = "auto") -> dict:
@@ -93,7 +100,10 @@ def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = N
     path = cache / CHOICES_FILE if cache is not None else None
     choices = _read_json(path) if path is not None else {}
     if key not in choices:
-        choices[key] = {**(measure_fn or functools.partial(measure, matmul))(), "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        choices[key] = {
+            **(measure_fn or functools.partial(measure, matmul))(),
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        }
         logging.info("model.dtype 'auto': measured %s", choices[key])
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,8 +111,13 @@ def machine_choice(cache: Path | None, measure_fn: Callable[[], dict] | None = N
     return {"machine": key, **choices[key]}
 
 
-def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | None = None, matmul: str = "auto",
-            platform: str | None = None) -> str:
+def resolve(
+    setting: str,
+    cache: Path | None,
+    measure_fn: Callable[[], dict] | None = None,
+    matmul: str = "auto",
+    platform: str | None = None,
+) -> str:
     """The compute dtype `model.dtype` names with `model.matmul` ('auto' -> this machine's verdict).
 
     platform: the target the program is compiled for (None: this process's backend). For a target
@@ -115,8 +130,13 @@ def resolve(setting: str, cache: Path | None, measure_fn: Callable[[], dict] | N
     return machine_choice(cache, measure_fn, matmul)["dtype"]
 
 
-def run_dtype(setting: str, workdir: Path | None, cache: Path | None, measure_fn: Callable[[], dict] | None = None,
-              matmul: str = "auto") -> tuple[str, dict]:
+def run_dtype(
+    setting: str,
+    workdir: Path | None,
+    cache: Path | None,
+    measure_fn: Callable[[], dict] | None = None,
+    matmul: str = "auto",
+) -> tuple[str, dict]:
     """(the run's compute dtype, its `RUN_INFO` record). A resume keeps the dtype its run started with:
     the one `RUN_INFO` records, or the concrete one an older workdir's config.json holds (workdir None: a fresh run)."""
     recorded = _read_json(workdir / RUN_INFO).get("model.dtype") if workdir else None
@@ -128,7 +148,9 @@ def run_dtype(setting: str, workdir: Path | None, cache: Path | None, measure_fn
     if saved != "auto":
         return saved, {"model.dtype": {"dtype": saved, "reason": "the workdir's config.json, written before 'auto'"}}
     choice = machine_choice(cache, measure_fn, matmul)
-    return choice["dtype"], {"model.dtype": {**choice, "reason": f"'auto': bfloat16 only if >= {MIN_SPEEDUP}x faster in the check"}}
+    return choice["dtype"], {
+        "model.dtype": {**choice, "reason": f"'auto': bfloat16 only if >= {MIN_SPEEDUP}x faster in the check"}
+    }
 
 
 def _read_json(path: Path) -> dict:

@@ -45,8 +45,9 @@ def environment(lock: Path = LOCK) -> dict:
     return {
         "versions": installed,
         "lock_sha256": hashlib.sha256(text.encode()).hexdigest() if text is not None else None,
-        "off_lock": sorted(name for name, version in installed.items()
-                           if text is not None and pinned.get(_normalise(name)) != version),
+        "off_lock": sorted(
+            name for name, version in installed.items() if text is not None and pinned.get(_normalise(name)) != version
+        ),
     }
 
 

@@ -24,7 +24,9 @@ def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:
     run of a fixed length ends annealed (the Table 3 preset's choice: its models end at their plateau).
     """
     if opt.schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(0.0, opt.learning_rate, opt.warmup_steps, max(total_steps, opt.warmup_steps + 1))
+        return optax.warmup_cosine_decay_schedule(
+            0.0, opt.learning_rate, opt.warmup_steps, max(total_steps, opt.warmup_steps + 1)
+        )
     if opt.schedule != "rsqrt":
         raise ValueError(f"config.optimizer.schedule = {opt.schedule!r}; expected one of {SCHEDULES}")
     peak, warmup_steps = opt.learning_rate, opt.warmup_steps
@@ -50,9 +52,13 @@ def create_state(model, tx, rng, batch) -> train_state.TrainState:
 def abstract_state(model, config) -> train_state.TrainState:
     """Shapes and dtypes of the train state (nothing computed): the target of a checkpoint restore."""
     tokens = jnp.ones((1, 2), jnp.int32)
-    return jax.eval_shape(lambda: train_state.TrainState.create(
-        apply_fn=model.apply, params=model.init(jax.random.key(0), tokens, tokens)["params"],
-        tx=make_optimizer(config.optimizer, config.num_train_steps)))
+    return jax.eval_shape(
+        lambda: train_state.TrainState.create(
+            apply_fn=model.apply,
+            params=model.init(jax.random.key(0), tokens, tokens)["params"],
+            tx=make_optimizer(config.optimizer, config.num_train_steps),
+        )
+    )
 
 
 def parameter_count(params) -> int:
@@ -90,8 +96,9 @@ def packing_inputs(batch: dict) -> dict:
     return {name: batch[name] for name in PACKING_FIELDS if name in batch}
 
 
-def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | None = None, pick=None,
-               grad_norm: bool = True) -> tuple[Any, dict]:
+def train_step(
+    state, batch, rng, *, label_smoothing: float, axis_name: str | None = None, pick=None, grad_norm: bool = True
+) -> tuple[Any, dict]:
     """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
 
     The loss is the token-weighted mean over the global batch, plus whatever the model sows into
@@ -111,8 +118,15 @@ def train_step(state, batch, rng, *, label_smoothing: float, axis_name: str | No
     denominator = jnp.maximum(count, 1.0)
 
     def loss_fn(params):
-        logits, sown = state.apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=True,
-                                      rngs={"dropout": dropout_rng}, mutable=["losses"], **packing_inputs(batch))
+        logits, sown = state.apply_fn(
+            {"params": params},
+            batch["src"],
+            batch["tgt_in"],
+            train=True,
+            rngs={"dropout": dropout_rng},
+            mutable=["losses"],
+            **packing_inputs(batch),
+        )
         loss_sum, nll_sum, _ = token_losses(logits, batch["tgt_out"], batch["weights"], label_smoothing, pick)
         loss = loss_sum / denominator
         # terms the modules sow into `losses` (e.g. attention.family.span's L1 on its spans); none by default
@@ -138,4 +152,3 @@ def eval_step(params, batch, *, apply_fn, pick=None) -> dict:
     logits = apply_fn({"params": params}, batch["src"], batch["tgt_in"], train=False, **packing_inputs(batch))
     _, nll_sum, count = token_losses(logits, batch["tgt_out"], batch["weights"], 0.0, pick)
     return {"nll_sum": nll_sum, "tokens": count}
-

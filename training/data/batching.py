@@ -25,7 +25,9 @@ import numpy as np
 
 from models.tokens import BOS_ID, EOS_ID, PAD_ID
 
-OPEN_ROWS = 16  # rows a packed pair may join (first fit among the latest): fill ~0.94 on Multi30k at N = 64 (results/peer.md)
+OPEN_ROWS = (
+    16  # rows a packed pair may join (first fit among the latest): fill ~0.94 on Multi30k at N = 64 (results/peer.md)
+)
 PACKING_FIELDS = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")
 
 
@@ -95,7 +97,9 @@ class BatchSchedule:
             self.packed_rows = pack_rows(order, src_len, tgt_len, pack_length)
             self.buckets = [(pack_length, token_budget // pack_length, np.arange(len(self.packed_rows)))]
         else:
-            bucket_of = np.searchsorted(bucket_lengths, np.maximum(src_len, tgt_len))  # == len(bucket_lengths): too long
+            bucket_of = np.searchsorted(
+                bucket_lengths, np.maximum(src_len, tgt_len)
+            )  # == len(bucket_lengths): too long
             self.examples_dropped = int(np.sum(bucket_of == len(bucket_lengths)))
             self.buckets = [
                 (length, token_budget // length, np.flatnonzero(bucket_of == i))
@@ -205,7 +209,9 @@ def dev_batches(config, vocab, corpus) -> list[dict]:
         rows = max(1, config.data.token_budget // length)
         for k in range(0, len(ids), rows):
             chunk = ids[k : k + rows]
-            batches.append(as_arrays(BatchSchedule.assemble([src[i] for i in chunk], [tgt[i] for i in chunk], rows, length)))
+            batches.append(
+                as_arrays(BatchSchedule.assemble([src[i] for i in chunk], [tgt[i] for i in chunk], rows, length))
+            )
     return batches
 
 

@@ -84,9 +84,7 @@ def read_parallel(src_path: Path, tgt_path: Path) -> Corpus:
     """Aligned gzip text files, one sentence per line; pairs with an empty side are dropped and counted."""
     src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
-        raise ValueError(
-            f"misaligned corpus: {src_path} has {len(src_lines)} lines, {tgt_path} has {len(tgt_lines)}"
-        )
+        raise ValueError(f"misaligned corpus: {src_path} has {len(src_lines)} lines, {tgt_path} has {len(tgt_lines)}")
     return _pair_up(src_lines, tgt_lines)
 
 
@@ -107,7 +105,9 @@ def _read_lines(path: Path) -> list[str]:
         with opener(path, "rb") as f:
             raw = f.read()
     except (gzip.BadGzipFile, EOFError, OSError) as error:
-        raise ValueError(f"{path} is not a readable {'gzip' if path.suffix == '.gz' else 'text'} file ({error})") from None
+        raise ValueError(
+            f"{path} is not a readable {'gzip' if path.suffix == '.gz' else 'text'} file ({error})"
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -125,9 +125,7 @@ def load_tfds(name: str, split: str, src: str, tgt: str, data_dir: str | None = 
 
     dataset = tfds.load(name, split=split, data_dir=data_dir)
     examples = list(tfds.as_numpy(dataset))
-    return _pair_up(
-        [e[src].decode("utf-8") for e in examples], [e[tgt].decode("utf-8") for e in examples]
-    )
+    return _pair_up([e[src].decode("utf-8") for e in examples], [e[tgt].decode("utf-8") for e in examples])
 
 
 def data_dir(config) -> Path:

@@ -19,8 +19,11 @@ ROWS = 64  # sentences a translation batch (translate's default)
 
 def eval_step_fn(model):
     """`step.eval_step` jitted for `model`: params, batch -> {nll_sum, tokens}."""
-    return jax.jit(functools.partial(step_lib.eval_step, apply_fn=model.apply,
-                                     pick=backends.target_logits(backends.platform_of(model))))
+    return jax.jit(
+        functools.partial(
+            step_lib.eval_step, apply_fn=model.apply, pick=backends.target_logits(backends.platform_of(model))
+        )
+    )
 
 
 class Stopped(Exception):
@@ -62,8 +65,14 @@ def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step, sto
         hyps = [None] * n
         for chunk in until_stopped(chunks, stop):
             out = translate.translate(
-                model, params, [src[i] for i in chunk], beam_size=1, alpha=config.eval.alpha,
-                max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths, rows=ROWS,
+                model,
+                params,
+                [src[i] for i in chunk],
+                beam_size=1,
+                alpha=config.eval.alpha,
+                max_extra_length=config.eval.max_extra_length,
+                bucket_lengths=config.data.bucket_lengths,
+                rows=ROWS,
                 lengths=eval_lengths(config),
             )
             for i, ids in zip(chunk, out):
@@ -71,4 +80,11 @@ def dev_metrics(config, model, params, vocab, dev, batches, eval_step, step, sto
     except Stopped:
         return None
     bleu, _ = translate.corpus_bleu(vocab.decode(hyps), dev.tgt[:n])
-    return {"step": step, "split": config.data.eval_split, "loss": nll, "perplexity": perplexity(nll), "bleu": bleu, "bleu_examples": n}
+    return {
+        "step": step,
+        "split": config.data.eval_split,
+        "loss": nll,
+        "perplexity": perplexity(nll),
+        "bleu": bleu,
+        "bleu_examples": n,
+    }

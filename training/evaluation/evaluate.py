@@ -23,14 +23,17 @@ def hypotheses_path(workdir: str | Path, split: str, beam_size: int) -> Path:
     return Path(workdir) / f"hypotheses.{split}.beam{beam_size}.txt"
 
 
-def evaluate_split(workdir: str | Path, split: str, beam_size: int, hypotheses: str | Path | None = None, report=None) -> dict:
+def evaluate_split(
+    workdir: str | Path, split: str, beam_size: int, hypotheses: str | Path | None = None, report=None
+) -> dict:
     """Perplexity and beam-search sacreBLEU on `split` of the workdir's best (else latest) checkpoint, as `score_split`."""
     run = load_run(workdir)
     return score_split(run, split, beam_size, workdir, hypotheses, report)
 
 
-def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path, hypotheses: str | Path | None = None,
-                report=None) -> dict:
+def score_split(
+    run: LoadedRun, split: str, beam_size: int, workdir: str | Path, hypotheses: str | Path | None = None, report=None
+) -> dict:
     """Perplexity and sacreBLEU of a loaded run on `split` (and the step and checkpoint scored).
 
     The translations go to `hypotheses` (default `hypotheses_path`) after `report(result)` has been
@@ -42,8 +45,15 @@ def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path,
     out_path = Path(hypotheses) if hypotheses else hypotheses_path(workdir, split, beam_size)
     bleu, signature = translate.corpus_bleu(hyps, corpus.tgt)
     result = {
-        "step": run.step, "checkpoint": str(run.checkpoint), "split": split, "beam_size": beam_size, "loss": nll,
-        "perplexity": dev.perplexity(nll), "bleu": bleu, "signature": signature, "hypotheses": str(out_path),
+        "step": run.step,
+        "checkpoint": str(run.checkpoint),
+        "split": split,
+        "beam_size": beam_size,
+        "loss": nll,
+        "perplexity": dev.perplexity(nll),
+        "bleu": bleu,
+        "signature": signature,
+        "hypotheses": str(out_path),
     }
     if report is not None:
         report(result)
@@ -54,8 +64,16 @@ def score_split(run: LoadedRun, split: str, beam_size: int, workdir: str | Path,
 SPEED_EXTRA_LENGTH = 50  # decoding_speed's output cap, source bucket + this: the sweep tables' measure
 
 
-def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), alpha: float = 0.6,
-                   max_extra_length: int = SPEED_EXTRA_LENGTH, repeats: int = 3) -> dict:
+def decoding_speed(
+    model,
+    params,
+    src_ids,
+    bucket_lengths,
+    beam_sizes=(1, 4),
+    alpha: float = 0.6,
+    max_extra_length: int = SPEED_EXTRA_LENGTH,
+    repeats: int = 3,
+) -> dict:
     """Decode-cache bytes per target token and output tokens/s of greedy and beam search on one batch.
 
     src_ids: the batch's source token ids (one padded batch at the bucket of the longest). Cache bytes are
@@ -65,16 +83,23 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     The loop runs until the batch's last search ends, so the rate mixes step cost with search length: the
     ints `decode_steps_beamK` (decoder steps the loop ran) and `decode_output_tokens_beamK` tell them apart.
     """
-    src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read, as translate does
+    src_ids = [
+        ids[: model.config.max_len] for ids in src_ids
+    ]  # over-long inputs: what the model can read, as translate does
     length = bucket_length(max(len(s) for s in src_ids), bucket_lengths)
     src = jnp.asarray(BatchSchedule.assemble(src_ids, [[] for _ in src_ids], len(src_ids), length).src)
     max_len = min(length + max_extra_length, model.config.max_len)
     encoded = model.apply({"params": params}, src, method="encode")
-    result = {"kv_cache_bytes_per_token": decoding.cache_bytes_per_position(model, params, encoded, src), "decode_batch": src.shape[0]}
+    result = {
+        "kv_cache_bytes_per_token": decoding.cache_bytes_per_position(model, params, encoded, src),
+        "decode_batch": src.shape[0],
+    }
     for beam_size in beam_sizes:
         decode = translate.decoder(model, beam_size, alpha, max_len, return_steps=True)
         tokens, steps = map(np.asarray, decode(params, src))  # compile and warm up
-        generated = sum(int(np.argmax(row == model.config.eos_id)) + 1 if model.config.eos_id in row else len(row) for row in tokens)
+        generated = sum(
+            int(np.argmax(row == model.config.eos_id)) + 1 if model.config.eos_id in row else len(row) for row in tokens
+        )
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -86,8 +111,9 @@ def decoding_speed(model, params, src_ids, bucket_lengths, beam_sizes=(1, 4), al
     return result
 
 
-def translate_file(workdir: str | Path, input_path: str | Path, output_path: str | Path, beam_size: int,
-                   run: LoadedRun | None = None) -> int:
+def translate_file(
+    workdir: str | Path, input_path: str | Path, output_path: str | Path, beam_size: int, run: LoadedRun | None = None
+) -> int:
     """Translate a UTF-8 file line by line (blank lines stay blank); returns the number of lines.
 
     run: the workdir already loaded (else it is loaded here). Lines longer than the model's max_len are
@@ -104,8 +130,14 @@ def translate_file(workdir: str | Path, input_path: str | Path, output_path: str
     src_ids = run.vocab.encode([lines[i].strip() for i in filled])
     limit = run.model.config.max_len
     if cut := [filled[k] + 1 for k, ids in enumerate(src_ids) if len(ids) > limit]:
-        logging.warning("%d of %d lines of %s are longer than the model's max_len (%d tokens) and were cut to it: line %s",
-                        len(cut), len(lines), input_path, limit, ", ".join(map(str, cut[:10])) + (" ..." if len(cut) > 10 else ""))
+        logging.warning(
+            "%d of %d lines of %s are longer than the model's max_len (%d tokens) and were cut to it: line %s",
+            len(cut),
+            len(lines),
+            input_path,
+            limit,
+            ", ".join(map(str, cut[:10])) + (" ..." if len(cut) > 10 else ""),
+        )
     hyps = run.vocab.decode(_translate(run, src_ids, beam_size)) if filled else []
     out = [""] * len(lines)
     for i, hyp in zip(filled, hyps):
@@ -117,7 +149,12 @@ def translate_file(workdir: str | Path, input_path: str | Path, output_path: str
 def _translate(run: LoadedRun, src_ids, beam_size):
     config = run.config
     return translate.translate(
-        run.model, run.params, src_ids, beam_size=beam_size, alpha=config.eval.alpha,
-        max_extra_length=config.eval.max_extra_length, bucket_lengths=config.data.bucket_lengths,
+        run.model,
+        run.params,
+        src_ids,
+        beam_size=beam_size,
+        alpha=config.eval.alpha,
+        max_extra_length=config.eval.max_extra_length,
+        bucket_lengths=config.data.bucket_lengths,
         lengths=eval_lengths(config),
     )

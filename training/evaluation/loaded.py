@@ -40,8 +40,7 @@ def load_run(workdir: str | Path, cache: Path | None = None) -> LoadedRun:
     config.data.bucket_lengths = tuple(config.data.bucket_lengths)
     vocab = spm.SentencePieceProcessor(model_file=str(workdir / "spm.model"))
     # the dtype the run trained in (WORKDIR/run_info.json), not this machine's 'auto' verdict
-    dtype, _ = precision.run_dtype(config.model.dtype, workdir, cache,
-                                   matmul=config.model.matmul)
+    dtype, _ = precision.run_dtype(config.model.dtype, workdir, cache, matmul=config.model.matmul)
     model = config_lib.build_model(config, vocab, dtype)
     abstract = step_lib.abstract_state(model, config)
     ckpts = checkpoints.Checkpoints(workdir, config.keep_checkpoints, read_only=True)

@@ -14,8 +14,16 @@ from training.data.batching import BatchSchedule, bucket_length
 
 
 def translate(
-    model, params, src_ids: Sequence[Sequence[int]], *, beam_size: int, alpha: float,
-    max_extra_length: int, bucket_lengths: Sequence[int], rows: int = 64, lengths: Sequence[int] = (),
+    model,
+    params,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    beam_size: int,
+    alpha: float,
+    max_extra_length: int,
+    bucket_lengths: Sequence[int],
+    rows: int = 64,
+    lengths: Sequence[int] = (),
 ) -> list[list[int]]:
     """Token ids of each translation (EOS and padding removed), in input order.
 
@@ -58,13 +66,24 @@ def decoder(model, beam_size, alpha, max_len, return_steps=False, limited=False)
     `limited`: the function takes a third argument, the output cap ([] int32, <= max_len; see `greedy_decode`).
     """
     if beam_size == 1:
+
         def decode(params, src, limit=None):
             return greedy_decode(model, params, src, max_len, return_steps=return_steps, limit=limit)
     else:
+
         def decode(params, src, limit=None):
-            tokens, _, *steps = beam_search(model, params, src, beam_size=beam_size, alpha=alpha, max_len=max_len,
-                                            return_steps=return_steps, limit=limit)
+            tokens, _, *steps = beam_search(
+                model,
+                params,
+                src,
+                beam_size=beam_size,
+                alpha=alpha,
+                max_len=max_len,
+                return_steps=return_steps,
+                limit=limit,
+            )
             return (tokens, *steps) if return_steps else tokens
+
     return jax.jit(decode) if limited else jax.jit(lambda params, src: decode(params, src))
 
 

@@ -17,16 +17,22 @@ def check(distributed) -> None:
     if distributed.initialize not in MODES:
         raise ValueError(f"config.distributed.initialize = {distributed.initialize!r}; expected one of {MODES}")
     if not isinstance(distributed.num_processes, int) or distributed.num_processes < 0:
-        raise ValueError(f"config.distributed.num_processes = {distributed.num_processes!r}; expected an int >= 0 (0: from the environment)")
+        raise ValueError(
+            f"config.distributed.num_processes = {distributed.num_processes!r}; expected an int >= 0 (0: from the environment)"
+        )
     if not isinstance(distributed.process_id, int) or distributed.process_id < -1:
-        raise ValueError(f"config.distributed.process_id = {distributed.process_id!r}; expected an int >= -1 (-1: from the environment)")
+        raise ValueError(
+            f"config.distributed.process_id = {distributed.process_id!r}; expected an int >= -1 (-1: from the environment)"
+        )
     if distributed.num_processes and distributed.process_id >= distributed.num_processes:
         raise ValueError(
             f"config.distributed.process_id = {distributed.process_id}; expected < num_processes ({distributed.num_processes})"
         )
     address = distributed.coordinator_address
     if address and ":" not in address:
-        raise ValueError(f"config.distributed.coordinator_address = {address!r}; expected 'host:port' or '' (from the environment)")
+        raise ValueError(
+            f"config.distributed.coordinator_address = {address!r}; expected 'host:port' or '' (from the environment)"
+        )
 
 
 def requested(distributed, environ=os.environ) -> bool:
@@ -48,8 +54,11 @@ def initialize(distributed) -> None:
         process_id=None if distributed.process_id < 0 else distributed.process_id,
     )
     logging.warning(
-        "process %d of %d: %d local devices, %d in all", jax.process_index(), jax.process_count(),
-        jax.local_device_count(), jax.device_count(),
+        "process %d of %d: %d local devices, %d in all",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
     )
 
 

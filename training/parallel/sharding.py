@@ -72,7 +72,9 @@ def check_model_shards(model_shards: int, num_heads: int, mlp_dim: int) -> None:
             "heads are the unit split over the model axis"
         )
     if num_heads % model_shards:
-        raise ValueError(f"config.mesh.model = {model_shards}; expected a divisor of config.model.num_heads ({num_heads})")
+        raise ValueError(
+            f"config.mesh.model = {model_shards}; expected a divisor of config.model.num_heads ({num_heads})"
+        )
     if mlp_dim % model_shards:
         raise ValueError(f"config.mesh.model = {model_shards}; expected a divisor of config.model.mlp_dim ({mlp_dim})")
 
@@ -99,7 +101,11 @@ def param_spec(name: str, shape: tuple[int, ...], model_shards: int, shard_embed
                 raise ValueError(
                     f"parameter {name} {shape}: axis {axis} ({shape[axis]}) does not split over "
                     f"mesh.model = {model_shards}"
-                    + ("; set config.mesh.shard_embeddings=False" if (pattern, axis, fallback) in _EMBEDDING_RULES else "")
+                    + (
+                        "; set config.mesh.shard_embeddings=False"
+                        if (pattern, axis, fallback) in _EMBEDDING_RULES
+                        else ""
+                    )
                 )
             return P(*(MODEL if i == axis else None for i in range(len(shape))))
     return P()

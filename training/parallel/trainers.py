@@ -54,9 +54,16 @@ class MeshTrainer:
         abstract = jax.eval_shape(functools.partial(step_lib.create_state, self.model, self.tx, batch=batch), rng)
         self.shardings = sharding.state_shardings(abstract, self.mesh, self.shard_embeddings)
         replicated = sharding.replicated(self.mesh)
-        self.step_fn, self.logged_step_fn = _steps(self.model, lambda step: jax.jit(
-            step, in_shardings=(self.shardings, sharding.batch_sharding(self.mesh), replicated),
-            out_shardings=(self.shardings, replicated), donate_argnums=0), label_smoothing=self.label_smoothing)
+        self.step_fn, self.logged_step_fn = _steps(
+            self.model,
+            lambda step: jax.jit(
+                step,
+                in_shardings=(self.shardings, sharding.batch_sharding(self.mesh), replicated),
+                out_shardings=(self.shardings, replicated),
+                donate_argnums=0,
+            ),
+            label_smoothing=self.label_smoothing,
+        )
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.shardings)
 
     def init_state(self, rng, batch):
@@ -94,9 +101,14 @@ class PmapTrainer:
         self.devices = list(devices if devices is not None else jax.local_devices())
         self.model, self.tx = model, tx
         self.data_shards = len(self.devices)
-        self.step_fn, self.logged_step_fn = _steps(model, lambda step: jax.pmap(
-            step, axis_name=PMAP_AXIS, in_axes=(0, 0, None), devices=self.devices, donate_argnums=0),
-            label_smoothing=label_smoothing, axis_name=PMAP_AXIS)
+        self.step_fn, self.logged_step_fn = _steps(
+            model,
+            lambda step: jax.pmap(
+                step, axis_name=PMAP_AXIS, in_axes=(0, 0, None), devices=self.devices, donate_argnums=0
+            ),
+            label_smoothing=label_smoothing,
+            axis_name=PMAP_AXIS,
+        )
 
     def init_state(self, rng, batch):
         state = jax.jit(functools.partial(step_lib.create_state, self.model, self.tx, batch=batch))(rng)
@@ -106,7 +118,10 @@ class PmapTrainer:
     def put_batch(self, batch: dict) -> dict:
         """[rows, L] -> [devices, rows / devices, L] (rows padded with empty ones to a multiple)."""
         n = len(self.devices)
-        return {k: (a := sharding.pad_rows(np.asarray(v), n)).reshape(n, a.shape[0] // n, *a.shape[1:]) for k, v in batch.items()}
+        return {
+            k: (a := sharding.pad_rows(np.asarray(v), n)).reshape(n, a.shape[0] // n, *a.shape[1:])
+            for k, v in batch.items()
+        }
 
     def step(self, state, batch, rng, logged: bool = True):
         state, metrics = (self.logged_step_fn if logged else self.step_fn)(state, batch, rng)

@@ -117,8 +117,10 @@ def parse_target(text: str) -> Target:
     parts = text.split(":") if isinstance(text, str) else []
     tpus = tuple(n for n, c in CHIPS.items() if c.platform == "tpu")
     gpus = tuple(n for n, c in CHIPS.items() if c.platform == "cuda")
-    expected = (f"'tpu:CHIP[:TOPOLOGY]' with CHIP one of {tpus} (tpu:v5e:2x2, tpu:v4:2x2x1) or "
-                f"'cuda:GPU[:COUNT]' with GPU one of {gpus} (cuda:h100, cuda:h200:8)")
+    expected = (
+        f"'tpu:CHIP[:TOPOLOGY]' with CHIP one of {tpus} (tpu:v5e:2x2, tpu:v4:2x2x1) or "
+        f"'cuda:GPU[:COUNT]' with GPU one of {gpus} (cuda:h100, cuda:h200:8)"
+    )
     if len(parts) not in (2, 3) or parts[1] not in CHIPS or CHIPS[parts[1]].platform != parts[0]:
         raise ValueError(f"--target = {text!r}; expected {expected}")
     chip = CHIPS[parts[1]]
@@ -146,8 +148,9 @@ def has_libtpu() -> bool:
 
 def has_cuda_compiler() -> bool:
     """Whether GPU targets can compile here: the CUDA plugin (the `aot` extra) and CUDA's ptxas and nvlink."""
-    return (importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
-            and all(shutil.which(tool) for tool in ("ptxas", "nvlink")))
+    return importlib.util.find_spec("jax_plugins.xla_cuda13") is not None and all(
+        shutil.which(tool) for tool in ("ptxas", "nvlink")
+    )
 
 
 def compile_only_devices(target: Target) -> list:
@@ -156,18 +159,28 @@ def compile_only_devices(target: Target) -> list:
 
     if target.chip.platform == "cuda":
         if not has_cuda_compiler():
-            raise ValueError(f"--target = {target.name!r} needs the CUDA plugin (pip install -c requirements.lock -e "
-                             f"'.[aot]') and CUDA's ptxas and nvlink on the PATH (a CUDA toolkit, or pip's nvidia-cuda-nvcc)")
+            raise ValueError(
+                f"--target = {target.name!r} needs the CUDA plugin (pip install -c requirements.lock -e "
+                f"'.[aot]') and CUDA's ptxas and nvlink on the PATH (a CUDA toolkit, or pip's nvidia-cuda-nvcc)"
+            )
         text = (GPU_TARGETS / target.chip.target_config).read_text()
-        return list(topologies.get_topology_desc(platform="cuda", target_config=text,
-                                                 topology=f"1x1x{target.num_devices}").devices)
+        return list(
+            topologies.get_topology_desc(
+                platform="cuda", target_config=text, topology=f"1x1x{target.num_devices}"
+            ).devices
+        )
     if not has_libtpu():
-        raise ValueError(f"--target = {target.name!r} needs the libtpu wheel: pip install -c requirements.lock -e '.[aot]'")
+        raise ValueError(
+            f"--target = {target.name!r} needs the libtpu wheel: pip install -c requirements.lock -e '.[aot]'"
+        )
     for name, value in LIBTPU_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     kwargs = {"chip_config_name": target.chip.chip_config_name} if target.chip.chip_config_name else {}
-    return list(topologies.get_topology_desc(topology_name=f"{target.chip.name}:{target.topology}", platform="tpu",
-                                             **kwargs).devices)
+    return list(
+        topologies.get_topology_desc(
+            topology_name=f"{target.chip.name}:{target.topology}", platform="tpu", **kwargs
+        ).devices
+    )
 
 
 def train_shape(config, data_shards: int = 1) -> tuple[int, int]:
@@ -219,9 +232,15 @@ def _compile(program: str, target: Target, fn, *args) -> tuple[Program, float, f
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise
         found = _OOM.search(str(error))
-        need = f"{float(found['need']):.1f} GiB a device ({found['what']} alone; XLA's TPU compiler counts " \
-               f"{float(found['have']):g} GiB usable)" if found else "more memory a device than it has (XLA's TPU compiler)"
-        raise DoesNotFit(f"{PROGRAM_NAMES[program]} needs {need}; a {target.chip.name} has {target.chip.hbm_gib:g}") from None
+        need = (
+            f"{float(found['need']):.1f} GiB a device ({found['what']} alone; XLA's TPU compiler counts "
+            f"{float(found['have']):g} GiB usable)"
+            if found
+            else "more memory a device than it has (XLA's TPU compiler)"
+        )
+        raise DoesNotFit(
+            f"{PROGRAM_NAMES[program]} needs {need}; a {target.chip.name} has {target.chip.hbm_gib:g}"
+        ) from None
     compiled_at = time.perf_counter()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
@@ -237,7 +256,7 @@ def _unoptimised_flops(lowered, devices: int) -> float | None:
     """XLA:CPU's FLOP count of the lowered (global, unpartitioned, unoptimised) module, over `devices`; None where
     this JAX does not offer it. jaxlib's module cost analysis is not public API: the lock pins the release."""
     try:
-        from jax._src.lib import _jax  # noqa: PLC0415
+        from jax._src.lib import _jax
 
         module = lowered.compiler_ir("hlo").get_hlo_module()
         cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
@@ -246,8 +265,16 @@ def _unoptimised_flops(lowered, devices: int) -> float | None:
     return float(cost["flops"]) / devices if "flops" in cost else None
 
 
-def compile_programs(config, target: Target, data: int = -1, model: int = 1, rows: int | None = None,
-                     programs: tuple[str, ...] = PROGRAMS, devices=None, keep_hlo: bool = False) -> dict:
+def compile_programs(
+    config,
+    target: Target,
+    data: int = -1,
+    model: int = 1,
+    rows: int | None = None,
+    programs: tuple[str, ...] = PROGRAMS,
+    devices=None,
+    keep_hlo: bool = False,
+) -> dict:
     """Compile `programs` of `config` for `target` over a (data, model) mesh; {program: `program_report`}.
 
     rows: the global training batch's rows (None: the config's, `train_shape`). The train step is the
@@ -282,8 +309,16 @@ def compile_programs(config, target: Target, data: int = -1, model: int = 1, row
         spec = _batch_spec(rows, length, packed, sharding.batch_sharding(trainer.mesh))
         rng = jax.ShapeDtypeStruct((), key_type, sharding=sharding.replicated(trainer.mesh))
         compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, rng)
-        reports["train"] = program_report(compiled, lower_s, compile_s, target, devices=len(devices),
-                                          mesh=dict(trainer.mesh.shape), batch=[rows, length], keep_hlo=keep_hlo)
+        reports["train"] = program_report(
+            compiled,
+            lower_s,
+            compile_s,
+            target,
+            devices=len(devices),
+            mesh=dict(trainer.mesh.shape),
+            batch=[rows, length],
+            keep_hlo=keep_hlo,
+        )
     if set(programs) - {"train"}:  # evaluation's programs: one device, unsharded parameters
         one = jax.sharding.SingleDeviceSharding(devices[0])
         params = _placed(state.params, one)
@@ -291,14 +326,16 @@ def compile_programs(config, target: Target, data: int = -1, model: int = 1, row
         eval_rows, eval_length = eval_shape_of(config)
         spec = _batch_spec(eval_rows, eval_length, False, one)
         compiled, lower_s, compile_s = _compile("eval", target, dev_lib.eval_step_fn(net), params, spec)
-        reports["eval"] = program_report(compiled, lower_s, compile_s, target, devices=1, mesh={},
-                                         batch=[eval_rows, eval_length], keep_hlo=keep_hlo)
+        reports["eval"] = program_report(
+            compiled, lower_s, compile_s, target, devices=1, mesh={}, batch=[eval_rows, eval_length], keep_hlo=keep_hlo
+        )
     for program, build in (("decode", _decode_step_program), ("beam", _beam_program)):
         if program in programs:
             fn, args, shape = build(config, net, params, one)
             compiled, lower_s, compile_s = _compile(program, target, fn, *args)
-            reports[program] = program_report(compiled, lower_s, compile_s, target, devices=1, mesh={}, **shape,
-                                              keep_hlo=keep_hlo)
+            reports[program] = program_report(
+                compiled, lower_s, compile_s, target, devices=1, mesh={}, **shape, keep_hlo=keep_hlo
+            )
     return reports
 
 
@@ -353,27 +390,45 @@ def _beam_program(config, net, params, where):
 def _batch_spec(rows: int, length: int, packed: bool, where) -> dict:
     """The step's batch as `ShapeDtypeStruct`s [rows, length] placed by `where` (`batching.as_arrays`' fields)."""
     names = ("src", "tgt_in", "tgt_out", "weights", *(PACKING_FIELDS if packed else ()))
-    return {name: jax.ShapeDtypeStruct((rows, length), jnp.float32 if name == "weights" else jnp.int32, sharding=where)
-            for name in names}
+    return {
+        name: jax.ShapeDtypeStruct((rows, length), jnp.float32 if name == "weights" else jnp.int32, sharding=where)
+        for name in names
+    }
 
 
-def program_report(compiled: Program, lower_s: float, compile_s: float, target: Target, keep_hlo: bool = False, **extra) -> dict:
+def program_report(
+    compiled: Program, lower_s: float, compile_s: float, target: Target, keep_hlo: bool = False, **extra
+) -> dict:
     """Per device: memory (bytes, and the share of the chip's HBM), FLOPs, collectives, fusions, custom calls; seconds.
 
     memory_bytes["needed"] = argument + output - alias (a donated state is its output's buffer) + temp
     + generated code: what the program holds in a device's HBM while it runs.
     """
     memory = compiled.memory_analysis()
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
-              "generated_code_size_in_bytes")
+    fields = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+    )
     mem = {f.removesuffix("_size_in_bytes"): int(getattr(memory, f)) for f in fields}
     mem["needed"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["generated_code"]
     hlo = compiled.as_text()
-    return {"target": target.name, **extra, "memory_bytes": mem, "hbm_gib": target.chip.hbm_gib,
-            "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB), "flops": compiled.flops,
-            "collectives": {op: n for op, (n, _) in collectives(hlo).items()},
-            "collective_bytes": {op: b for op, (_, b) in collectives(hlo).items()},
-            **hlo_counts(hlo), "lower_s": lower_s, "compile_s": compile_s, **({"hlo": hlo} if keep_hlo else {})}
+    return {
+        "target": target.name,
+        **extra,
+        "memory_bytes": mem,
+        "hbm_gib": target.chip.hbm_gib,
+        "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB),
+        "flops": compiled.flops,
+        "collectives": {op: n for op, (n, _) in collectives(hlo).items()},
+        "collective_bytes": {op: b for op, (_, b) in collectives(hlo).items()},
+        **hlo_counts(hlo),
+        "lower_s": lower_s,
+        "compile_s": compile_s,
+        **({"hlo": hlo} if keep_hlo else {}),
+    }
 
 
 PROGRAM_NAMES = {"train": "the train step", "eval": "the eval step", "decode": "the decode step", "beam": "beam search"}
@@ -392,8 +447,21 @@ def refusal(program: str, report: dict) -> str | None:
 # --- the compiled HLO's text -----------------------------------------------------------------------------
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-               "f64": 8, "s64": 8, "u64": 8}
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 # `%name = <result type> op(`; async pairs count once, at their -start (whose result tuple also holds the operand)
 _OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
@@ -409,8 +477,10 @@ def collectives(hlo: str) -> dict[str, tuple[int, int]]:
     """{op: (count, result bytes a device)} over a compiled module's text."""
     found = {op: [0, 0] for op in COLLECTIVES}
     for match in _OP.finditer(hlo):
-        nbytes = sum(DTYPE_BYTES.get(m["dtype"], 4) * int(np.prod([int(d) for d in m["dims"].split(",") if d]))
-                     for m in _SHAPE.finditer(match["type"]))
+        nbytes = sum(
+            DTYPE_BYTES.get(m["dtype"], 4) * int(np.prod([int(d) for d in m["dims"].split(",") if d]))
+            for m in _SHAPE.finditer(match["type"])
+        )
         found[match["op"]][0] += 1
         found[match["op"]][1] += nbytes
     return {op: tuple(v) for op, v in found.items()}
@@ -427,8 +497,11 @@ def hlo_counts(hlo: str) -> dict[str, int]:
         elif current is not None and (match := _FUSION.search(line)) is not None:
             bodies.add(match["body"])
             fusions[current] = fusions.get(current, 0) + 1
-    return {"fusions": sum(n for name, n in fusions.items() if name not in bodies),
-            "custom_calls": len(_CUSTOM_CALL.findall(hlo)), "rematerialized": len(_REMAT.findall(hlo))}
+    return {
+        "fusions": sum(n for name, n in fusions.items() if name not in bodies),
+        "custom_calls": len(_CUSTOM_CALL.findall(hlo)),
+        "rematerialized": len(_REMAT.findall(hlo)),
+    }
 
 
 # --- the largest batch a device holds ----------------------------------------------------------------------
@@ -436,9 +509,20 @@ def hlo_counts(hlo: str) -> dict[str, int]:
 ROWS_GRANULARITY = 8  # the largest-batch search's step: its answer is a multiple of 8, within 8 rows of the largest
 
 
-def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = ROWS_GRANULARITY, data: int = -1,
-                 model: int = 1, devices=None, compile_fn=None, on_compile=None, hbm_fraction: float = 1.0,
-                 without_remat: bool = False) -> dict:
+def largest_rows(
+    config,
+    target: Target,
+    lo: int,
+    hi: int,
+    granularity: int = ROWS_GRANULARITY,
+    data: int = -1,
+    model: int = 1,
+    devices=None,
+    compile_fn=None,
+    on_compile=None,
+    hbm_fraction: float = 1.0,
+    without_remat: bool = False,
+) -> dict:
     """The most training rows (a multiple of `granularity`) whose train step fits a device of `target`.
 
     A compile fits where `memory_bytes["needed"]` <= `hbm_fraction` of the chip's HBM (1: what `refusal`
@@ -461,8 +545,9 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
     (`hlo_counts`), "compile_s"}.
     """
     if granularity < 1 or not 0 < lo < hi or lo % granularity or hi % granularity:
-        raise ValueError(f"largest rows: seeds lo = {lo}, hi = {hi} must be multiples of the granularity {granularity}, "
-                         f"0 < lo < hi")
+        raise ValueError(
+            f"largest rows: seeds lo = {lo}, hi = {hi} must be multiples of the granularity {granularity}, 0 < lo < hi"
+        )
     if not 0 < hbm_fraction <= 1:
         raise ValueError(f"largest rows: hbm_fraction = {hbm_fraction}; expected a share of the chip's HBM in (0, 1]")
     compile_fn = compile_programs if compile_fn is None else compile_fn
@@ -477,17 +562,34 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
         try:
             report = compile_fn(config, target, data, model, rows=rows, programs=("train",), devices=devices)["train"]
         except DoesNotFit as refused:
-            entry = {"rows": rows, "stage": stage, "needed_bytes": None, "fits": False, "why": str(refused),
-                     "rematerialized": None, "compile_s": None}
+            entry = {
+                "rows": rows,
+                "stage": stage,
+                "needed_bytes": None,
+                "fits": False,
+                "why": str(refused),
+                "rematerialized": None,
+                "compile_s": None,
+            }
         else:
             needed = report["memory_bytes"]["needed"]
-            why = refusal("train", report) or (None if needed <= hbm else f"{PROGRAM_NAMES['train']} needs "
-                                                  f"{needed / GIB:.1f} GiB a device, over {hbm_fraction:g} of its HBM")
+            why = refusal("train", report) or (
+                None
+                if needed <= hbm
+                else f"{PROGRAM_NAMES['train']} needs {needed / GIB:.1f} GiB a device, over {hbm_fraction:g} of its HBM"
+            )
             remat = report.get("rematerialized")
             if why is None and without_remat and remat:
                 why = f"XLA rematerialised {remat} instructions to fit it"
-            entry = {"rows": rows, "stage": stage, "needed_bytes": needed, "fits": why is None, "why": why,
-                     "rematerialized": remat, "compile_s": report.get("compile_s")}
+            entry = {
+                "rows": rows,
+                "stage": stage,
+                "needed_bytes": needed,
+                "fits": why is None,
+                "why": why,
+                "rematerialized": remat,
+                "compile_s": report.get("compile_s"),
+            }
         compiles.append(entry)
         seen[rows] = entry
         if on_compile is not None:
@@ -524,5 +626,12 @@ def largest_rows(config, target: Target, lo: int, hi: int, granularity: int = RO
     while least - best > granularity:
         fits((best + least) // 2 // granularity * granularity, "bisect")
         best, least = bounds()
-    return {"rows": best, "needed_bytes": seen[best]["needed_bytes"] if best else None, "hbm_bytes": hbm,
-            "granularity": granularity, "line": line, "predicted": predicted, "compiles": compiles}
+    return {
+        "rows": best,
+        "needed_bytes": seen[best]["needed_bytes"] if best else None,
+        "hbm_bytes": hbm,
+        "granularity": granularity,
+        "line": line,
+        "predicted": predicted,
+        "compiles": compiles,
+    }

@@ -19,14 +19,53 @@ import math
 import re
 
 # bytes an element, by HLO type name
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s4": 1, "u4": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2,
-               "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s4": 1,
+    "u4": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 # xla.PrimitiveType numbers, as the target config keys its matrix-unit rates
 PRIMITIVE_TYPES = {"s8": 2, "f16": 10, "f32": 11, "f64": 12, "bf16": 16}
 # instructions that launch no kernel (while / call / conditional: their bodies' instructions are counted instead)
-NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "opt-barrier", "after-all", "partition-id",
-             "replica-id", "add-dependency", "domain", "while", "call", "conditional", "all-reduce-done",
-             "all-gather-done", "collective-permute-done", "copy-done", "async-done", "send-done", "recv-done"}
+NO_KERNEL = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "opt-barrier",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "add-dependency",
+    "domain",
+    "while",
+    "call",
+    "conditional",
+    "all-reduce-done",
+    "all-gather-done",
+    "collective-permute-done",
+    "copy-done",
+    "async-done",
+    "send-done",
+    "recv-done",
+}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 _HEADER = re.compile(r"^(?:ENTRY )?%(?P<name>[\w.\-]+) \(.*\{\s*$")
@@ -57,10 +96,13 @@ class Rates:
     def from_target_config(cls, text: str) -> Rates:
         cores = int(re.search(r"\bcore_count:\s*(\d+)", text)[1])
         bandwidth = float(re.search(r"\bmemory_bandwidth:\s*(\d+)", text)[1])
-        matrix = text[text.index("matrix_unit_description"):]
+        matrix = text[text.index("matrix_unit_description") :]
         rates = {}
-        for key, clock, units, ops in re.findall(r"key:\s*(\d+)\s*value\s*\{\s*clock_rate_ghz:\s*([\d.]+)\s*"
-                                                 r"units_per_core:\s*(\d+)\s*ops_per_clock:\s*(\d+)", matrix):
+        for key, clock, units, ops in re.findall(
+            r"key:\s*(\d+)\s*value\s*\{\s*clock_rate_ghz:\s*([\d.]+)\s*"
+            r"units_per_core:\s*(\d+)\s*ops_per_clock:\s*(\d+)",
+            matrix,
+        ):
             rates[int(key)] = 2 * float(clock) * 1e9 * int(units) * int(ops) * cores  # an op a multiply-add: 2 FLOPs
         return cls(bandwidth, {name: rates[number] for name, number in PRIMITIVE_TYPES.items() if number in rates})
 
@@ -76,12 +118,14 @@ def parse(hlo: str) -> dict[str, list[Instruction]]:
             continue
         if current is None or (match := _INSTRUCTION.match(line)) is None:
             continue
-        rest = line[match.end():]
+        rest = line[match.end() :]
         type_text, rest = _split_type(rest)
         opcode, _, rest = rest.partition("(")
         operand_text, attributes = _split_parenthesised(rest)
         operands = tuple(re.findall(r"%([\w.\-]+)", operand_text))
-        computations[current].append(Instruction(match["name"], type_text, opcode.strip(), operands, attributes, current))
+        computations[current].append(
+            Instruction(match["name"], type_text, opcode.strip(), operands, attributes, current)
+        )
     if entry is not None:
         computations["ENTRY"] = computations[entry]
     return computations
@@ -112,8 +156,10 @@ def _split_parenthesised(text: str) -> tuple[str, str]:
 
 def nbytes(type_text: str) -> int:
     """Bytes of a result type (a tuple's members summed)."""
-    return sum(DTYPE_BYTES.get(m["dtype"], 4) * math.prod(int(d) for d in m["dims"].split(",") if d)
-               for m in _SHAPE.finditer(type_text))
+    return sum(
+        DTYPE_BYTES.get(m["dtype"], 4) * math.prod(int(d) for d in m["dims"].split(",") if d)
+        for m in _SHAPE.finditer(type_text)
+    )
 
 
 def _dims(type_text: str) -> tuple[str, list[int]]:
@@ -199,5 +245,12 @@ def profile(hlo: str, rates: Rates) -> dict:
         micros[label] += seconds * 1e6
         dot_types.update(f"{lhs} x {rhs}" for lhs, rhs, _ in found)
         total_bytes, total_flops, total_us = total_bytes + moved, total_flops + flops, total_us + seconds * 1e6
-    return {"kernels": len(launched), "by_kind": dict(by_kind), "us_by_kind": dict(micros), "dots": dict(dot_types),
-            "bytes": total_bytes, "flops": total_flops, "roofline_us": total_us}
+    return {
+        "kernels": len(launched),
+        "by_kind": dict(by_kind),
+        "us_by_kind": dict(micros),
+        "dots": dict(dot_types),
+        "bytes": total_bytes,
+        "flops": total_flops,
+        "roofline_us": total_us,
+    }

@@ -69,8 +69,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path, r
             logging.info("compilation in this invocation: %s", _compile_summary(compiles.totals()))
 
 
-def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: compile_cache.CompileCounter, entered: float,
-                        restart: bool) -> dict:
+def _train_and_evaluate(
+    config, workdir: Path, cache: Path | None, compiles: compile_cache.CompileCounter, entered: float, restart: bool
+) -> dict:
     run = _prepare(config, workdir, cache, restart)
     workdir.mkdir(parents=True, exist_ok=True)  # every check has passed
     with lock.held(workdir / LOCK_FILE) if distributed.is_main() else contextlib.nullcontext():
@@ -95,6 +96,7 @@ def _train_and_evaluate(config, workdir: Path, cache: Path | None, compiles: com
 @dataclasses.dataclass
 class _Run:
     """A run's inputs, every one checked before the workdir is written: dev data, vocabulary, model, trainer, state."""
+
     dev: Corpus
     vocab: object  # a SentencePiece processor (tokenizer.load)
     vocab_proto: bytes
@@ -116,40 +118,83 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
     if distributed.is_main() and (why := lock.refusal(workdir / LOCK_FILE)):  # refuse before the slow checks
         raise lock.DirectoryInUse(why)
     device = jax.devices()[0]
-    logging.info("devices: %d x %s (%s), %d process(es)", jax.device_count(), device.device_kind, device.platform, jax.process_count())
+    logging.info(
+        "devices: %d x %s (%s), %d process(es)",
+        jax.device_count(),
+        device.device_kind,
+        device.platform,
+        jax.process_count(),
+    )
     train, dev = _nonempty(config, "train_split"), _nonempty(config, "eval_split")
     if config.data.train_limit:
         train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
     vocab_path = workdir / "spm.model"
     reuse_vocab = vocab_path.exists() and not restart
     # The run's vocabulary: the workdir's, else trained now by process 0 (in memory) and shared with the others.
-    vocab_proto = vocab_path.read_bytes() if reuse_vocab else distributed.broadcast_bytes(
-        tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed) if distributed.is_main() else None)
+    vocab_proto = (
+        vocab_path.read_bytes()
+        if reuse_vocab
+        else distributed.broadcast_bytes(
+            tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed)
+            if distributed.is_main()
+            else None
+        )
+    )
     vocab = tokenizer.load(vocab_proto)
     if not reuse_vocab and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
-        raise ValueError(f"config.data.vocab_size = {config.data.vocab_size}; expected at most {vocab.vocab_size()}, "
-                         f"the pieces SentencePiece finds in {config.data.train_split!r}")
+        raise ValueError(
+            f"config.data.vocab_size = {config.data.vocab_size}; expected at most {vocab.vocab_size()}, "
+            f"the pieces SentencePiece finds in {config.data.train_split!r}"
+        )
     # Process 0 resolves model.dtype (a measurement may differ between hosts) and every process uses its answer.
-    run_info = json.loads(distributed.broadcast_bytes(
-        json.dumps(precision.run_dtype(config.model.dtype, None if restart else workdir, cache, matmul=config.model.matmul)[1]).encode()
-        if distributed.is_main() else None))
+    run_info = json.loads(
+        distributed.broadcast_bytes(
+            json.dumps(
+                precision.run_dtype(
+                    config.model.dtype, None if restart else workdir, cache, matmul=config.model.matmul
+                )[1]
+            ).encode()
+            if distributed.is_main()
+            else None
+        )
+    )
     dtype = run_info["model.dtype"]["dtype"]
-    logging.info("compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"])
+    logging.info(
+        "compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"]
+    )
     model = config_lib.build_model(config, vocab, dtype)
     logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
     schedule = BatchSchedule(
-        vocab.encode(list(train.src)), vocab.encode(list(train.tgt)),
-        token_budget=config.data.token_budget, bucket_lengths=config.data.bucket_lengths, seed=config.seed,
+        vocab.encode(list(train.src)),
+        vocab.encode(list(train.tgt)),
+        token_budget=config.data.token_budget,
+        bucket_lengths=config.data.bucket_lengths,
+        seed=config.seed,
         pack_length=config.data.pack_length,
     )
-    logging.info("%d batches an epoch; %d pairs longer than the largest bucket dropped", schedule.batches_per_epoch, schedule.examples_dropped)
+    logging.info(
+        "%d batches an epoch; %d pairs longer than the largest bucket dropped",
+        schedule.batches_per_epoch,
+        schedule.examples_dropped,
+    )
     # one program, not one per eager op (seed, split, unstack): a run's compile count is its few real programs
     rng_params, rng_dropout = jax.jit(lambda: tuple(jax.random.split(jax.random.key(config.seed))))()
     trainer = trainers.make_trainer(config, model, step_lib.make_optimizer(config.optimizer, config.num_train_steps))
     _log_batch_split(schedule, trainer.data_shards)
     state = trainer.init_state(rng_params, schedule.batch(0))
-    return _Run(dev, vocab, vocab_proto, reuse_vocab, run_info, model, schedule, dev_batches(config, vocab, dev),
-                rng_dropout, trainer, state)
+    return _Run(
+        dev,
+        vocab,
+        vocab_proto,
+        reuse_vocab,
+        run_info,
+        model,
+        schedule,
+        dev_batches(config, vocab, dev),
+        rng_dropout,
+        trainer,
+        state,
+    )
 
 
 def _write_workdir(config, workdir: Path, run: _Run, restart: bool) -> None:
@@ -163,26 +208,46 @@ def _write_workdir(config, workdir: Path, run: _Run, restart: bool) -> None:
             files.write_atomic(workdir / "spm.model", run.vocab_proto)
 
 
-def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles: compile_cache.CompileCounter,
-           entered: float, baseline: float | None = None) -> dict:
+def _train(
+    config,
+    run: _Run,
+    ckpts,
+    writer: MetricsWriter,
+    start: int,
+    compiles: compile_cache.CompileCounter,
+    entered: float,
+    baseline: float | None = None,
+) -> dict:
     """Train from step `start` to the last (or a stop): log, evaluate, checkpoint. The last dev metrics.
 
     baseline: the lowest running loss a divergence stop recorded (DIVERGED_FILE): a resume watches against it.
     """
     state = run.state
     evaluate = _Evaluator(config, run, ckpts, writer)
-    learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))  # logged; jitted: one program, not a dozen eager ops
+    learning_rate = jax.jit(
+        step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps)
+    )  # logged; jitted: one program, not a dozen eager ops
     stop = _StopFlag()
     dev_metrics: dict = {}
     logged = [r["loss"] for r in writer.records if "split" not in r and "loss" in r]
-    watch = LossWatch(config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None))
+    watch = LossWatch(
+        config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None)
+    )
     # An evaluation a stop signal cut short is redone before training goes on.
-    if distributed.agree(start > 0 and start % config.eval_every_steps == 0
-                         and not any(r["step"] == start and "split" in r for r in writer.records))[0]:
+    if distributed.agree(
+        start > 0
+        and start % config.eval_every_steps == 0
+        and not any(r["step"] == start and "split" in r for r in writer.records)
+    )[0]:
         logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
         dev_metrics = evaluate(state, start, stop) or {}
     window = _Window(compiles)
-    progress = tqdm.tqdm(total=config.num_train_steps, initial=start, unit="step", disable=not (sys.stderr.isatty() and distributed.is_main()))
+    progress = tqdm.tqdm(
+        total=config.num_train_steps,
+        initial=start,
+        unit="step",
+        disable=not (sys.stderr.isatty() and distributed.is_main()),
+    )
     started = time.monotonic()
     try:
         for step in range(start, config.num_train_steps):
@@ -198,12 +263,17 @@ def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles
             window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
             if step == start:
                 window.first_step_s = time.monotonic() - entered
-                logging.info("first step done %.1fs after the start; compilation so far: %s",
-                             window.first_step_s, _compile_summary(compiles.totals()))
+                logging.info(
+                    "first step done %.1fs after the start; compilation so far: %s",
+                    window.first_step_s,
+                    _compile_summary(compiles.totals()),
+                )
             stop.catch()
             done = step + 1
             out_of_time, stop_requested = distributed.agree(
-                bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds, stop.requested)
+                bool(config.max_train_seconds) and time.monotonic() - started >= config.max_train_seconds,
+                stop.requested,
+            )
             last = done == config.num_train_steps or out_of_time
             progress.update()
             progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
@@ -217,14 +287,22 @@ def _train(config, run: _Run, ckpts, writer: MetricsWriter, start: int, compiles
                 result = evaluate(state, done, stop)
                 if result is None:  # SIGTERM/SIGINT during it: save now, redo the evaluation on resume
                     ckpts.save(done, run.trainer.to_checkpoint(state))
-                    logging.info("stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
-                                 "(the evaluation is redone on resume), exiting", stop.signum, done)
+                    logging.info(
+                        "stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
+                        "(the evaluation is redone on resume), exiting",
+                        stop.signum,
+                        done,
+                    )
                     break
                 dev_metrics = result
             if checkpoint_now:
                 ckpts.save(done, run.trainer.to_checkpoint(state))
             if out_of_time:
-                logging.info("max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping", config.max_train_seconds, done)
+                logging.info(
+                    "max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping",
+                    config.max_train_seconds,
+                    done,
+                )
                 break
             if stop_requested:
                 logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
@@ -247,8 +325,17 @@ class _Evaluator:
 
     def __call__(self, state, done: int, stop: _StopFlag) -> dict | None:
         run = self.run
-        result = dev_lib.dev_metrics(self.config, run.model, run.trainer.local_params(state.params), run.vocab, run.dev, run.dev_set,
-                                     self.eval_step, done, stop=lambda: distributed.agree(stop.requested)[0])
+        result = dev_lib.dev_metrics(
+            self.config,
+            run.model,
+            run.trainer.local_params(state.params),
+            run.vocab,
+            run.dev,
+            run.dev_set,
+            self.eval_step,
+            done,
+            stop=lambda: distributed.agree(stop.requested)[0],
+        )
         if result is None:
             return None
         if not math.isfinite(result["perplexity"]):  # a finite blow-up: as diverged as a NaN
@@ -262,14 +349,21 @@ class _Evaluator:
 def _log_window(config, writer: MetricsWriter, record: dict) -> None:
     writer.write(record)
     eta = (config.num_train_steps - record["step"]) * record["step_time_s"]
-    logging.info("step %d/%d %s eta %.0fs", record["step"], config.num_train_steps,
-                 " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"), eta)
+    logging.info(
+        "step %d/%d %s eta %.0fs",
+        record["step"],
+        config.num_train_steps,
+        " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
+        eta,
+    )
 
 
 def _nonempty(config, field: str) -> Corpus:
     corpus = load_corpus(config, config.data[field])
     if not len(corpus):
-        raise ValueError(f"config.data.{field} {config.data[field]!r} has no sentence pairs (dropped: {corpus.dropped})")
+        raise ValueError(
+            f"config.data.{field} {config.data[field]!r} has no sentence pairs (dropped: {corpus.dropped})"
+        )
     return corpus
 
 
@@ -280,8 +374,9 @@ def check_writable(workdir: Path) -> None:
     if not existing.is_dir():
         raise ValueError(f"--workdir {workdir}: {existing} is a file; expected a directory (or a path to create)")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--workdir {workdir}: {existing} is not writable by this user; "
-                         f"expected a directory train.py can write")
+        raise ValueError(
+            f"--workdir {workdir}: {existing} is not writable by this user; expected a directory train.py can write"
+        )
 
 
 def _steps_in(folder: Path) -> list[int]:
@@ -300,21 +395,32 @@ def check_history(workdir: Path) -> None:
         raise RunRefused(
             f"{workdir} holds checkpoints ({', '.join(saved)}) but no config.json, so the run's config cannot be checked "
             f"against this one: put the run's config.json back to resume it, pass --restart to start over (the old run "
-            f"is moved to {workdir / PREVIOUS}/), or use a new --workdir")
+            f"is moved to {workdir / PREVIOUS}/), or use a new --workdir"
+        )
     metrics = workdir / "metrics.jsonl"
     logged = [r.get("step", 0) for r in files.read_jsonl(metrics)] if metrics.is_file() else []
-    aside = [p.name for p in (workdir / "checkpoints").iterdir() if p.is_dir() and not p.name.isdigit()] \
-        if (workdir / "checkpoints").is_dir() else []
-    evidence = ([f"metrics.jsonl to step {max(logged)}"] if logged else []) + \
-        [f"best/ step {s}" for s in _steps_in(workdir / "best")] + [f"checkpoints/{name}/" for name in sorted(aside)]
+    aside = (
+        [p.name for p in (workdir / "checkpoints").iterdir() if p.is_dir() and not p.name.isdigit()]
+        if (workdir / "checkpoints").is_dir()
+        else []
+    )
+    evidence = (
+        ([f"metrics.jsonl to step {max(logged)}"] if logged else [])
+        + [f"best/ step {s}" for s in _steps_in(workdir / "best")]
+        + [f"checkpoints/{name}/" for name in sorted(aside)]
+    )
     if evidence and not _steps_in(workdir / "checkpoints"):
-        what = (f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run" if not (workdir / "checkpoints").is_dir()
-                else f"{workdir} holds a run")
+        what = (
+            f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run"
+            if not (workdir / "checkpoints").is_dir()
+            else f"{workdir} holds a run"
+        )
         refused = FileNotFoundError if not (workdir / "checkpoints").is_dir() else RunRefused
         raise refused(
             f"{what} ({', '.join(evidence)}) but no checkpoint in {workdir / 'checkpoints'} to resume from: "
             f"restore them to resume, pass --restart to start over (the old run is moved to {workdir / PREVIOUS}/), "
-            "or use a new --workdir")
+            "or use a new --workdir"
+        )
 
 
 def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
@@ -361,8 +467,10 @@ def read_divergence(workdir: Path) -> dict:
         if not (lowest is None or isinstance(lowest, float)) or not (kept is None or type(kept) is int):
             raise TypeError
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError(f"{path} is not a divergence record (expected JSON with lowest_running_loss and kept_step); "
-                         f"restore it from a copy, or remove it to resume without the stop's baseline") from None
+        raise ValueError(
+            f"{path} is not a divergence record (expected JSON with lowest_running_loss and kept_step); "
+            f"restore it from a copy, or remove it to resume without the stop's baseline"
+        ) from None
     return record
 
 
@@ -370,8 +478,10 @@ def record_divergence(workdir: Path, lowest: float | None, ckpts) -> None:
     """Write DIVERGED_FILE (process 0): the loss baseline a resume keeps, and the checkpoint rotation must keep."""
     if distributed.is_main():
         steps = ckpts.latest.all_steps()
-        files.write_atomic(workdir / DIVERGED_FILE, json.dumps(
-            {"lowest_running_loss": lowest, "kept_step": max(steps) if steps else None}, indent=2))
+        files.write_atomic(
+            workdir / DIVERGED_FILE,
+            json.dumps({"lowest_running_loss": lowest, "kept_step": max(steps) if steps else None}, indent=2),
+        )
 
 
 def _diverged(what: str, ckpts, insane: int | None = None) -> NonFiniteLoss:
@@ -383,8 +493,11 @@ def _diverged(what: str, ckpts, insane: int | None = None) -> NonFiniteLoss:
     if insane is not None and insane in ckpts.latest.all_steps():
         ckpts.move_aside([insane], checkpoints.DIVERGED)
     steps = ckpts.latest.all_steps()
-    where = (f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory} (its loss was sane)" if steps
-             else "no checkpoint has been saved, so a resume starts from scratch")
+    where = (
+        f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory} (its loss was sane)"
+        if steps
+        else "no checkpoint has been saved, so a resume starts from scratch"
+    )
     return NonFiniteLoss(f"{what}; stopping without saving: {where}")
 
 
@@ -406,16 +519,20 @@ class LossWatch:
         if not math.isfinite(loss):
             return f"loss is {loss}"
         if self.factor and self.lowest is not None and loss > self.factor * self.lowest:
-            return (f"loss {loss:.4g} is above config.divergence_factor ({self.factor:g}) x the lowest running loss "
-                    f"({self.lowest:.4g})")
+            return (
+                f"loss {loss:.4g} is above config.divergence_factor ({self.factor:g}) x the lowest running loss "
+                f"({self.lowest:.4g})"
+            )
         self.running = loss if self.running is None else self.DECAY * self.running + (1 - self.DECAY) * loss
         self.lowest = self.running if self.lowest is None else min(self.lowest, self.running)
         return None
 
 
 def _compile_summary(totals: dict) -> str:
-    return (f"{totals['compiled']} programs compiled in {totals['compile_s']:.1f}s, "
-            f"{totals['cache_loaded']} loaded from the persistent cache in {totals['cache_load_s']:.1f}s")
+    return (
+        f"{totals['compiled']} programs compiled in {totals['compile_s']:.1f}s, "
+        f"{totals['cache_loaded']} loaded from the persistent cache in {totals['cache_load_s']:.1f}s"
+    )
 
 
 class _Window:
@@ -426,8 +543,17 @@ class _Window:
         self.compiled_before = compiles.totals()
 
     def add(self, data_s, step_s, tokens, padding, metrics):
-        self.rows.append((data_s, step_s, tokens, padding, float(metrics["loss"]), float(metrics["nll"]),
-                          float(metrics.get("grad_norm", math.nan))))
+        self.rows.append(
+            (
+                data_s,
+                step_s,
+                tokens,
+                padding,
+                float(metrics["loss"]),
+                float(metrics["nll"]),
+                float(metrics.get("grad_norm", math.nan)),
+            )
+        )
 
     def flush(self, step, learning_rate) -> dict:
         data_s, step_s, tokens, padding, loss, nll, grad_norm = np.array(self.rows).T
@@ -435,9 +561,14 @@ class _Window:
         total = data_s.sum() + step_s.sum()
         norms = grad_norm[~np.isnan(grad_norm)]  # every step's on the CPU, the logged step's on a GPU or TPU
         return {
-            "step": step, "loss": float(loss.mean()), "nll": float(nll.mean()), "learning_rate": learning_rate,
-            **({"grad_norm": float(norms.mean())} if norms.size else {}), "tokens_per_s": float(tokens.sum() / total),
-            "step_time_s": float(total / len(loss)), "data_fraction": float(data_s.sum() / total),
+            "step": step,
+            "loss": float(loss.mean()),
+            "nll": float(nll.mean()),
+            "learning_rate": learning_rate,
+            **({"grad_norm": float(norms.mean())} if norms.size else {}),
+            "tokens_per_s": float(tokens.sum() / total),
+            "step_time_s": float(total / len(loss)),
+            "data_fraction": float(data_s.sum() / total),
             "padding_fraction": float(padding.mean()),
             **self._compiled_since_last(),
         }

@@ -28,12 +28,18 @@ def test_layer_decode_equals_the_full_pass(attention_type):
     layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, attention_type=attention_type, decode=True)
     variables = layer.init(jax.random.key(0), X)
     full = layer.clone(decode=False).apply({"params": variables["params"]}, X, is_causal=True)
-    np.testing.assert_allclose(decode_in_chunks(layer, variables, X, ((0, 2), (2, 3), (3, 6))), full, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        decode_in_chunks(layer, variables, X, ((0, 2), (2, 3), (3, 6))), full, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_members_keep_the_layer_projections_and_add_their_own_parameters():
-    shapes = lambda t, **o: jax.tree.map(jnp.shape, attention.MultiHeadAttention(
-        num_heads=4, attention_type=t, attention_options=o or None).init(jax.random.key(0), X)["params"])
+    shapes = lambda t, **o: jax.tree.map(
+        jnp.shape,
+        attention.MultiHeadAttention(num_heads=4, attention_type=t, attention_options=o or None).init(
+            jax.random.key(0), X
+        )["params"],
+    )
     assert shapes("linformer", max_length=8, projected_length=3)["linformer"] == {"E": (3, 8), "F": (3, 8)}
     assert shapes("performer", num_features=5)["performer"] == {"random_features": (5, 4)}
     assert shapes("entmax")["entmax"] == {"alpha_logit": (4,)}
@@ -60,9 +66,17 @@ def test_supports_says_which_sublayers_a_member_can_serve():
         (dict(attention_type="entmax", dropout_rate=0.1, deterministic=True), {}, "dropout_rate with"),
         (dict(attention_type="entmax"), dict(sow_weights=True), "sow_weights with"),
         (dict(attention_type="performer"), dict(mask=jnp.ones((2, 1, 6, 6), bool)), "key-padding masks"),
-        (dict(attention_type="linformer", attention_options={"projected_length": 0}), {}, "linformer projected_length = 0; expected a positive int"),
+        (
+            dict(attention_type="linformer", attention_options={"projected_length": 0}),
+            {},
+            "linformer projected_length = 0; expected a positive int",
+        ),
         (dict(attention_type="span", attention_options={"ramp": 2.5}), {}, "span ramp = 2.5; expected a positive int"),
-        (dict(attention_type="lsh", attention_options={"num_hashes": True}), {}, "lsh num_hashes = True; expected a positive int"),
+        (
+            dict(attention_type="lsh", attention_options={"num_hashes": True}),
+            {},
+            "lsh num_hashes = True; expected a positive int",
+        ),
     ],
 )
 def test_bad_settings_raise_naming_the_field(kwargs, call, message):

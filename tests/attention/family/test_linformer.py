@@ -50,8 +50,9 @@ def test_k_equal_n_with_identity_projections_is_exact_attention():
 
 def test_pooling_init_averages_consecutive_windows():
     q, k, v = qkv(Lk=7)
-    E = Linformer(max_length=7, projected_length=3, projection_init="pooling").init(
-        jax.random.key(0), q, k, v)["params"]["E"]
+    E = Linformer(max_length=7, projected_length=3, projection_init="pooling").init(jax.random.key(0), q, k, v)[
+        "params"
+    ]["E"]
     third, half = 1 / 3, 1 / 2  # ⌊j·3/7⌋ for j = 0..6: 0 0 0 1 1 2 2
     expected = [[third, third, third, 0, 0, 0, 0], [0, 0, 0, half, half, 0, 0], [0, 0, 0, 0, 0, half, half]]
     np.testing.assert_allclose(E, expected, rtol=1e-6)

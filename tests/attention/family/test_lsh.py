@@ -35,8 +35,12 @@ def numpy_lsh(q, v, rotations, chunk, causal, keep, mask_self=True):
                 n = L // chunk
                 o, lse = np.zeros((L, v.shape[-1])), np.zeros(L)
                 for c in range(n):
-                    rows = order[c * chunk:(c + 1) * chunk]
-                    cols = rows if n == 1 else np.concatenate([order[((c - 1) % n) * chunk:((c - 1) % n + 1) * chunk], rows])
+                    rows = order[c * chunk : (c + 1) * chunk]
+                    cols = (
+                        rows
+                        if n == 1
+                        else np.concatenate([order[((c - 1) % n) * chunk : ((c - 1) % n + 1) * chunk], rows])
+                    )
                     s = x[rows] @ k[cols].T / np.sqrt(d)
                     ok = (bucket[rows][:, None] == bucket[cols][None]) & keep[b, cols][None]
                     if causal:

@@ -39,7 +39,6 @@ def decode(layer, x, lengths=None):
     return layer(x, decode=True, lengths=lengths)
 
 
-
 @pytest.mark.parametrize("attention_type", MEMBERS)
 def test_linen_params_give_the_linen_layers_outputs_and_read_back(attention_type):
     linen, layer = layers(attention_type)
@@ -49,7 +48,8 @@ def test_linen_params_give_the_linen_layers_outputs_and_read_back(attention_type
     causal = family.supports(attention_type, causal=True)
     mask = PAD[:, None, None, :]  # key padding: every member honours it
     np.testing.assert_allclose(
-        layer(X, mask=mask, is_causal=causal), linen.apply({"params": params}, X, mask=mask, is_causal=causal),
+        layer(X, mask=mask, is_causal=causal),
+        linen.apply({"params": params}, X, mask=mask, is_causal=causal),
         atol=1e-5,
     )
     # and back: the state, read as Linen params, is the tree that went in (the paths are Linen's)

@@ -50,8 +50,9 @@ def test_keys_far_from_every_feature_keep_their_weights_and_finite_gradients(cau
     module = Performer(num_features=16, chunk_length=4)
     params = module.init(jax.random.key(0), q, k, v)
     out = module.apply(params, q, k, v, is_causal=causal)
-    np.testing.assert_allclose(out, numpy_favor(q, k, v, params["params"]["random_features"], causal),
-                               rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(
+        out, numpy_favor(q, k, v, params["params"]["random_features"], causal), rtol=2e-4, atol=2e-5
+    )
     grads = jax.grad(lambda q, k, v: module.apply(params, q, k, v, is_causal=causal).sum(), argnums=(0, 1, 2))(q, k, v)
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
@@ -72,8 +73,9 @@ def test_key_padding_zeroes_the_padded_keys_features():
     module = Performer(num_features=16)
     params = module.init(jax.random.key(0), q, k, v)
     out = module.apply(params, q, k, v, mask=jnp.asarray(keep)[:, None, None, :])
-    np.testing.assert_allclose(out, numpy_favor(q, k, v, params["params"]["random_features"], False, keep),
-                               rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(
+        out, numpy_favor(q, k, v, params["params"]["random_features"], False, keep), rtol=2e-4, atol=2e-5
+    )
 
 
 def test_features_are_orthogonal_in_blocks_with_gaussian_norms():
@@ -116,8 +118,9 @@ def test_decode_state_continues_the_causal_pass_and_does_not_grow():
     full = Performer(num_features=16, chunk_length=3).apply({"params": variables["params"]}, q, k, v, is_causal=True)
     pieces, cache = [], variables["cache"]
     for lo, hi in ((0, 3), (3, 4), (4, 5), (5, 8)):
-        out, updated = module.apply({"params": variables["params"], "cache": cache},
-                                    q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], mutable=["cache"])
+        out, updated = module.apply(
+            {"params": variables["params"], "cache": cache}, q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], mutable=["cache"]
+        )
         cache = updated["cache"]
         pieces.append(out)
         assert jax.tree.map(jnp.shape, cache) == state_shapes  # [B, G, m, d_v] and [B, G, m]

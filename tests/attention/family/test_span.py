@@ -46,8 +46,9 @@ def test_full_span_is_exact_attention():
     module = Span(max_span=L, ramp=2)
     params = module.init(jax.random.key(0), q, k, v)
     mask = np.tril(np.ones((L, L), bool))
-    np.testing.assert_allclose(module.apply(params, q, k, v, is_causal=True),
-                               reference.attention(q, k, v, mask=mask)[0], atol=2e-5)
+    np.testing.assert_allclose(
+        module.apply(params, q, k, v, is_causal=True), reference.attention(q, k, v, mask=mask)[0], atol=2e-5
+    )
 
 
 def test_gradients_are_causal_and_reach_the_span():
@@ -64,8 +65,9 @@ def test_gradients_are_causal_and_reach_the_span():
 def test_layer_decode_equals_the_full_pass():
     x = jnp.asarray(RNG.normal(size=(B, L, 16)), jnp.float32)
     options = dict(max_span=4, ramp=2, span_init=0.5)
-    layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, attention_type="span",
-                                         attention_options=options, decode=True)
+    layer = attention.MultiHeadAttention(
+        num_heads=4, num_kv_heads=2, attention_type="span", attention_options=options, decode=True
+    )
     variables = layer.init(jax.random.key(0), x)
     full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
     np.testing.assert_allclose(decode_in_chunks(layer, variables, x, ((0, 4), (4, 5), (5, 10))), full, atol=2e-5)

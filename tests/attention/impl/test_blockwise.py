@@ -16,7 +16,12 @@ from attention.masks import structure_mask
 def random_qkv(batch=2, lq=37, lk=37, heads=4, kv_heads=2, dk=8, dv=8, seed=0):
     rng = np.random.default_rng(seed)
     draw = lambda *shape: rng.standard_normal(shape).astype(np.float32)
-    return draw(batch, lq, heads, dk), draw(batch, lk, kv_heads, dk), draw(batch, lk, kv_heads, dv), draw(batch, lq, heads, dv)
+    return (
+        draw(batch, lq, heads, dk),
+        draw(batch, lk, kv_heads, dk),
+        draw(batch, lk, kv_heads, dv),
+        draw(batch, lq, heads, dv),
+    )
 
 
 def structure(lq, lk, causal, window):
@@ -58,7 +63,8 @@ def test_bias_gradient_matches_numpy_by_differences():
     q, k, v, d_out = random_qkv(lq=13, lk=13)
     bias = np.random.default_rng(3).standard_normal((1, 4, 1, 13)).astype(np.float32)  # per head and key
     loss = lambda bias: jnp.sum(
-        attention.dot_product_attention(q, k, v, bias=bias, is_causal=True, impl="blockwise", block_q=4, block_k=8) * d_out
+        attention.dot_product_attention(q, k, v, bias=bias, is_causal=True, impl="blockwise", block_q=4, block_k=8)
+        * d_out
     )
     grad = jax.grad(loss)(bias)
     ref_loss = lambda b: np.sum(reference.attention(q, k, v, mask=structure(13, 13, True, None), bias=b)[0] * d_out)
@@ -73,12 +79,16 @@ def test_bias_gradient_matches_numpy_by_differences():
 def test_bfloat16_value_and_gradient_within_bfloat16_tolerance():
     q, k, v, d_out = random_qkv(kv_heads=2)
     as_bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)
-    fn = lambda q, k, v: attention.dot_product_attention(q, k, v, is_causal=True, impl="blockwise", block_q=8, block_k=16)
+    fn = lambda q, k, v: attention.dot_product_attention(
+        q, k, v, is_causal=True, impl="blockwise", block_q=8, block_k=16
+    )
     out, vjp = jax.vjp(fn, *(as_bf16(x) for x in (q, k, v)))
     assert out.dtype == jnp.bfloat16
     rounded = [np.asarray(as_bf16(x), np.float32) for x in (q, k, v, d_out)]
     mask = structure(37, 37, True, None)
-    np.testing.assert_allclose(np.asarray(out, np.float32), reference.attention(*rounded[:3], mask=mask)[0], atol=3e-2, rtol=3e-2)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), reference.attention(*rounded[:3], mask=mask)[0], atol=3e-2, rtol=3e-2
+    )
     grads = vjp(as_bf16(d_out))
     for got, want in zip(grads, reference.attention_grads(*rounded, mask=mask)):
         assert got.dtype == jnp.bfloat16
@@ -133,8 +143,17 @@ def test_dropout_drops_weights_and_backward_uses_the_same_keep_mask(broadcast):
     q, k, _, d_out = random_qkv(lq=20, lk=lk, heads=2, kv_heads=2, dv=lk)
     v = np.broadcast_to(np.eye(lk, dtype=np.float32)[None, :, None, :], (2, lk, 2, lk))
     fn = lambda q, k, v: attention.dot_product_attention(
-        q, k, v, is_causal=True, impl="blockwise", block_q=8, block_k=8, dropout_rate=rate,
-        dropout_rng=jax.random.key(3), deterministic=False, broadcast_dropout=broadcast,
+        q,
+        k,
+        v,
+        is_causal=True,
+        impl="blockwise",
+        block_q=8,
+        block_k=8,
+        dropout_rate=rate,
+        dropout_rng=jax.random.key(3),
+        deterministic=False,
+        broadcast_dropout=broadcast,
     )
     out, vjp = jax.vjp(fn, q, k, v)
     mask = structure(20, lk, True, None)
@@ -178,7 +197,13 @@ def planned_temp_bytes(length: int, impl: str, causal: bool) -> int:
     """XLA's planned temporaries (`memory_analysis()`, compile only) of a forward+backward at [1, length, 2, 32]."""
     shape = jax.ShapeDtypeStruct((1, length, 2, 32), jnp.float32)
     loss = lambda q, k, v: jnp.sum(attention.dot_product_attention(q, k, v, is_causal=causal, impl=impl))
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile().memory_analysis().temp_size_in_bytes
+    return (
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        .lower(shape, shape, shape)
+        .compile()
+        .memory_analysis()
+        .temp_size_in_bytes
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -21,8 +21,16 @@ BF16_ATOL = 3e-2
 
 
 def options(**kw):
-    fields = dict(is_causal=False, window=None, dropout_rate=0.0, dropout_rng=None, broadcast_dropout=True,
-                  precision=None, block_q=128, block_k=128)
+    fields = dict(
+        is_causal=False,
+        window=None,
+        dropout_rate=0.0,
+        dropout_rng=None,
+        broadcast_dropout=True,
+        precision=None,
+        block_q=128,
+        block_k=128,
+    )
     return Options(**{**fields, **kw})
 
 
@@ -96,11 +104,13 @@ def test_cudnn_matches_vmap_forward_and_backward(case, kv_heads):
             extra = {n: (x.astype(dtype) if n == "bias" else x) for n, x in kw.items()}
             out = attention.dot_product_attention(q, k, v, impl=impl, **extra)
             return jnp.sum(out.astype(jnp.float32) * cotangent), out
+
         return f
 
     with jax.default_matmul_precision("highest"):
         (_, want), want_grads = jax.value_and_grad(loss("vmap", jnp.float32), argnums=(0, 1, 2), has_aux=True)(
-            *(x.astype(jnp.float32) for x in (q, k, v)))
+            *(x.astype(jnp.float32) for x in (q, k, v))
+        )
     (_, got), got_grads = jax.value_and_grad(loss("cudnn", jnp.bfloat16), argnums=(0, 1, 2), has_aux=True)(q, k, v)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=BF16_ATOL, rtol=BF16_ATOL)

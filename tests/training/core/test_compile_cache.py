@@ -30,7 +30,9 @@ print(json.dumps({**counter.totals(), "sum": float(y.sum())}))
 def run_program(cache):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    out = subprocess.run([sys.executable, "-c", PROGRAM, str(cache)], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(cache)], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -63,7 +65,9 @@ def test_the_config_field_must_not_name_a_file(tmp_path):
 def test_cache_directories(tmp_path, monkeypatch):
     assert compile_cache.cache_dir("") is None
     assert compile_cache.cache_dir("~/jax") == Path.home() / "jax"
-    assert compile_cache.cache_dir("auto") == Path(jax.config.jax_compilation_cache_dir)  # the test session's (conftest)
+    assert compile_cache.cache_dir("auto") == Path(
+        jax.config.jax_compilation_cache_dir
+    )  # the test session's (conftest)
     saved = jax.config.jax_compilation_cache_dir
     try:
         jax.config.update("jax_compilation_cache_dir", None)

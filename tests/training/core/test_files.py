@@ -19,17 +19,21 @@ def _write_many(path, marker, barrier, errors):
     try:
         for _ in range(20):
             files.write_atomic(path, marker * 100_000)
-    except Exception as error:  # noqa: BLE001 - reported to the parent
+    except Exception as error:
         errors.put(f"{type(error).__name__}: {error}")
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the writers use no JAX
+@pytest.mark.filterwarnings(
+    "ignore::RuntimeWarning", "ignore::DeprecationWarning"
+)  # os.fork with JAX imported: the writers use no JAX
 def test_many_processes_writing_one_target_all_succeed_and_leave_one_whole_version(tmp_path):
     writers = 12
     path = tmp_path / "spm.model"
     context = multiprocessing.get_context("fork")
     barrier, errors = context.Barrier(writers), context.Queue()
-    processes = [context.Process(target=_write_many, args=(path, bytes([65 + i]), barrier, errors)) for i in range(writers)]
+    processes = [
+        context.Process(target=_write_many, args=(path, bytes([65 + i]), barrier, errors)) for i in range(writers)
+    ]
     for p in processes:
         p.start()
     for p in processes:
@@ -78,7 +82,9 @@ def test_a_full_disk_during_an_atomic_write_names_the_target(tmp_path, monkeypat
     monkeypatch.setattr(files.os, "fsync", _full_disk)
     with pytest.raises(OSError) as raised:
         files.write_atomic(tmp_path / "config.json", "{}")
-    assert raised.value.errno == errno.ENOSPC and user_errors.one_line(raised.value).startswith(f"{tmp_path / 'config.json'}: No space")
+    assert raised.value.errno == errno.ENOSPC and user_errors.one_line(raised.value).startswith(
+        f"{tmp_path / 'config.json'}: No space"
+    )
     assert list(tmp_path.iterdir()) == []  # its temporary file removed
 
 
@@ -91,7 +97,11 @@ def test_a_read_only_directory_at_start_names_the_target(tmp_path, monkeypatch):
 
 def test_a_full_disk_writing_metrics_names_the_file(tmp_path, monkeypatch):
     writer = MetricsWriter(tmp_path)
-    monkeypatch.setattr(writer, "jsonl", type("Full", (), {"name": writer.jsonl.name, "write": _full_disk, "close": lambda self: None})())
+    monkeypatch.setattr(
+        writer,
+        "jsonl",
+        type("Full", (), {"name": writer.jsonl.name, "write": _full_disk, "close": lambda self: None})(),
+    )
     with pytest.raises(OSError) as raised:
         writer.write({"step": 1, "loss": 2.0})
     writer.tensorboard.close()
@@ -137,12 +147,17 @@ def test_orbax_reporting_a_full_disk_in_its_own_words_is_named_and_not_logged(tm
     message = "RESOURCE_EXHAUSTED: Error writing local file 'x': No space left on device [os_error_code='28']"
 
     def refused(*args, **kwargs):
-        checkpoints.logging.getLogger("absl").handle(checkpoints.logging.LogRecord(
-            "absl", checkpoints.logging.ERROR, "/site-packages/orbax/checkpoint/future.py", 1, message, (), None))
+        checkpoints.logging.getLogger("absl").handle(
+            checkpoints.logging.LogRecord(
+                "absl", checkpoints.logging.ERROR, "/site-packages/orbax/checkpoint/future.py", 1, message, (), None
+            )
+        )
         raise ValueError(message)
 
     monkeypatch.setattr(ckpts.latest, "save", refused)
     with caplog.at_level("INFO"), pytest.raises(OSError) as raised:
         ckpts.save(5, {"w": jnp.ones(3)})
-    assert user_errors.one_line(raised.value) == f"{tmp_path / 'checkpoints' / '5'}: No space left on device (writing it)"
+    assert (
+        user_errors.one_line(raised.value) == f"{tmp_path / 'checkpoints' / '5'}: No space left on device (writing it)"
+    )
     assert "RESOURCE_EXHAUSTED" not in caplog.text

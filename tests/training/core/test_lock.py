@@ -30,13 +30,16 @@ def test_a_lock_names_host_pid_and_start_and_is_released(tmp_path):
     assert not path.exists()
 
 
-@pytest.mark.parametrize("content", [
-    "",  # a start that died between creating the file and writing it
-    "{host}:{dead}",  # HOST:PID of a process that has exited
-    '{{"host": "{host}", "pid": {dead}, "started": null}}',
-    '{{"host": "{host}", "pid": {me}, "started": "another-boot/1"}}',  # PID reused (a restarted container: PID 1 again)
-    "{host}:{me}",  # an older lock naming this PID: another process wrote it
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",  # a start that died between creating the file and writing it
+        "{host}:{dead}",  # HOST:PID of a process that has exited
+        '{{"host": "{host}", "pid": {dead}, "started": null}}',
+        '{{"host": "{host}", "pid": {me}, "started": "another-boot/1"}}',  # PID reused (a restarted container: PID 1 again)
+        "{host}:{me}",  # an older lock naming this PID: another process wrote it
+    ],
+)
 def test_a_lock_whose_holder_is_provably_gone_is_taken_over(tmp_path, content):
     path = tmp_path / "train.lock"
     path.write_text(content.format(host=socket.gethostname(), dead=dead_pid(), me=os.getpid()))
@@ -49,22 +52,35 @@ def test_a_live_holder_on_this_host_is_refused(tmp_path):
     path = tmp_path / "train.lock"
     other = subprocess.Popen(["sleep", "60"])
     try:
-        path.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": lock.process_start(other.pid)}))
-        assert lock.claim(path) == f"{tmp_path} is in use by {socket.gethostname()}:{other.pid} (its train.lock); wait for it, or stop it first"
-        path.write_text(f"{socket.gethostname()}:{other.pid}")  # an older lock: alive, start unknown, so not provably gone
+        path.write_text(
+            json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": lock.process_start(other.pid)})
+        )
+        assert (
+            lock.claim(path)
+            == f"{tmp_path} is in use by {socket.gethostname()}:{other.pid} (its train.lock); wait for it, or stop it first"
+        )
+        path.write_text(
+            f"{socket.gethostname()}:{other.pid}"
+        )  # an older lock: alive, start unknown, so not provably gone
         assert "in use by" in lock.claim(path)
     finally:
         other.kill()
         other.wait()
 
 
-@pytest.mark.parametrize("content, says", [
-    ('{"host": "elsewhere", "pid": 12, "started": "b/3"}', "in use by elsewhere:12 (its train.lock), a process on another host"),
-    ("elsewhere:12", "in use by elsewhere:12"),
-    ("HOST:abc", "is not a lock this code can read"),
-    ("\xff\xfe", "is not a lock this code can read"),
-    ("[1, 2]", "is not a lock this code can read"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (
+            '{"host": "elsewhere", "pid": 12, "started": "b/3"}',
+            "in use by elsewhere:12 (its train.lock), a process on another host",
+        ),
+        ("elsewhere:12", "in use by elsewhere:12"),
+        ("HOST:abc", "is not a lock this code can read"),
+        ("\xff\xfe", "is not a lock this code can read"),
+        ("[1, 2]", "is not a lock this code can read"),
+    ],
+)
 def test_a_lock_from_another_host_or_unreadable_is_refused_with_the_command_that_removes_it(tmp_path, content, says):
     workdir = tmp_path / "my run"
     workdir.mkdir()
@@ -93,7 +109,9 @@ def _claimer(directories, barrier, results):
         barrier.wait()  # the winner stays alive until every claimer has tried
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported: the claimers use no JAX
+@pytest.mark.filterwarnings(
+    "ignore::RuntimeWarning", "ignore::DeprecationWarning"
+)  # os.fork with JAX imported: the claimers use no JAX
 @pytest.mark.parametrize("stale", ["", "{host}:{dead}", '{{"host": "{host}", "pid": {me}, "started": "x/1"}}', None])
 def test_many_concurrent_claimers_of_one_lock_exactly_one_wins(tmp_path, stale):
     trials, claimers = 12, 16
@@ -102,7 +120,9 @@ def test_many_concurrent_claimers_of_one_lock_exactly_one_wins(tmp_path, stale):
         directory = tmp_path / str(trial)
         directory.mkdir()
         if stale is not None:
-            (directory / "train.lock").write_text(stale.format(host=socket.gethostname(), dead=dead_pid(), me=os.getpid()))
+            (directory / "train.lock").write_text(
+                stale.format(host=socket.gethostname(), dead=dead_pid(), me=os.getpid())
+            )
         directories.append(str(directory))
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(claimers), context.Queue()

@@ -45,8 +45,11 @@ def test_each_matmul_setting_has_its_own_verdict(tmp_path, monkeypatch):
     # The check times the products the model will run: xla's and row_major's can rank the dtypes differently.
     timed = []
     times = {"xla": {"float32": 1.0, "bfloat16": 2.0}, "row_major": {"float32": 2.0, "bfloat16": 1.0}}
-    monkeypatch.setattr(precision, "matmul_seconds",
-                        lambda dtype, shape, matmul: timed.append(matmul) or times[matmul][jnp.dtype(dtype).name])
+    monkeypatch.setattr(
+        precision,
+        "matmul_seconds",
+        lambda dtype, shape, matmul: timed.append(matmul) or times[matmul][jnp.dtype(dtype).name],
+    )
     assert precision.resolve("auto", tmp_path, matmul="xla") == "float32"
     assert precision.resolve("auto", tmp_path, matmul="row_major") == "bfloat16"
     assert timed == ["xla", "xla", "row_major", "row_major"]

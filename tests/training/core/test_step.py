@@ -86,7 +86,9 @@ def test_a_packed_batch_steps_as_the_same_pairs_padded_one_a_row():
     packed = as_arrays(BatchSchedule.assemble_packed([pairs[:2], pairs[2:]], rows=2, length=8))
     model = Transformer(model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8))
     params = model.init(jax.random.key(0), padded["src"], padded["tgt_in"])["params"]
-    state = step_lib.train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(1.0))  # update = -gradient
+    state = step_lib.train_state.TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.sgd(1.0)
+    )  # update = -gradient
     step = jax.jit(lambda s, b: step_lib.train_step(s, b, jax.random.key(1), label_smoothing=0.1))
     (state_padded, m_padded), (state_packed, m_packed) = step(state, padded), step(state, packed)
     assert float(m_packed["tokens"]) == float(m_padded["tokens"]) == 9  # 2 + 3 + 1 target tokens, each + EOS
@@ -101,15 +103,20 @@ def test_the_adaptive_span_l1_penalty_joins_the_loss_and_pulls_the_spans_in():
     """Loss with λ > 0 = loss without + λ Σ_layers mean_h(S clip(span_h, 0, 1)) (Sukhbaatar et al.'s L1), by hand."""
     batch = as_arrays(BatchSchedule.assemble([[5, 6, 7], [10, 11]], [[8, 9], [12, 13, 14]], rows=2, length=4))
     config = dict(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, attention_type="span")
-    penalised, plain = (Transformer(model_config(**config, attention_options=dict(max_span=6, l1_penalty=lam)))
-                        for lam in (0.01, 0.0))
+    penalised, plain = (
+        Transformer(model_config(**config, attention_options=dict(max_span=6, l1_penalty=lam))) for lam in (0.01, 0.0)
+    )
     params = plain.init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"]
-    fractions = {"/".join(str(k.key) for k in path): np.asarray(leaf)  # every span sublayer's [H] parameter
-                 for path, leaf in jax.tree_util.tree_leaves_with_path(params) if path[-1].key == "span"}
+    fractions = {
+        "/".join(str(k.key) for k in path): np.asarray(leaf)  # every span sublayer's [H] parameter
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if path[-1].key == "span"
+    }
     fractions["encoder/layer_0/self_attention/span/span"] = np.array([0.5, 1.7])  # clipped to 1: 6 positions
     fractions["decoder/layer_0/self_attention/span/span"] = np.array([0.25, 0.8])  # inside (0, 1): a gradient
     params = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: fractions.get("/".join(str(k.key) for k in path), leaf), params)
+        lambda path, leaf: fractions.get("/".join(str(k.key) for k in path), leaf), params
+    )
     assert len(fractions) == 2  # the encoder's and the decoder's self-attention (span is self-attention only)
     penalty = 0.01 * sum(np.mean(6 * np.clip(f, 0, 1)) for f in fractions.values())
     losses, updated = {}, {}

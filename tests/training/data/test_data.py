@@ -27,7 +27,10 @@ def write_gz(path, lines):
 
 
 def test_multi30k_splits_have_the_published_sizes(multi30k_dir):
-    sizes = {split: len(data.load_multi30k(multi30k_dir, split, "de", "en", download=False)) for split in data.MULTI30K_SPLITS}
+    sizes = {
+        split: len(data.load_multi30k(multi30k_dir, split, "de", "en", download=False))
+        for split in data.MULTI30K_SPLITS
+    }
     assert sizes == {"train": 29000, "val": 1014, "test_2016_flickr": 1000}
     val = data.load_multi30k(multi30k_dir, "val", "fr", "cs", download=False)
     assert val.dropped == {"empty": 0} and len(val.src) == len(val.tgt) == 1014
@@ -201,13 +204,20 @@ def test_a_packed_epoch_serves_every_fitting_pair_once_in_one_shape():
         assert batch.src.shape == batch.tgt_out.shape == (4, 16)
         for row in range(4):
             for k in range(1, batch.src_segments[row].max() + 1):
-                seen.append((tuple(batch.src[row, batch.src_segments[row] == k]), tuple(batch.tgt_out[row, batch.tgt_segments[row] == k])))
+                seen.append(
+                    (
+                        tuple(batch.src[row, batch.src_segments[row] == k]),
+                        tuple(batch.tgt_out[row, batch.tgt_segments[row] == k]),
+                    )
+                )
     assert sorted(seen) == sorted((tuple(s), (*t, 1)) for i, (s, t) in enumerate(zip(src, tgt)) if i != 7)
     again = BatchSchedule(src, tgt, token_budget=64, bucket_lengths=(8, 16), seed=0, pack_length=16)
     np.testing.assert_array_equal(again.batch(3).src_segments, sched.batch(3).src_segments)
 
 
-@pytest.mark.parametrize("pack_length, message", [(1, "pack_length must be 0"), (128, "one row of the longest packed row")])
+@pytest.mark.parametrize(
+    "pack_length, message", [(1, "pack_length must be 0"), (128, "one row of the longest packed row")]
+)
 def test_bad_pack_length_raises(pack_length, message):
     with pytest.raises(ValueError, match=message):
         BatchSchedule([[4]], [[4]], token_budget=64, bucket_lengths=(8,), seed=0, pack_length=pack_length)
@@ -221,8 +231,9 @@ def test_dev_batches_keep_every_pair_an_over_long_one_in_a_batch_of_its_own_leng
     src = [[5, 6, 7], list(range(10, 16)), list(range(20, 30)), list(range(40, 55))]
     tgt = [[8, 9], list(range(10, 15)), [31, 32, 33], list(range(60, 80))]
     text = lambda sentences: [" ".join(map(str, s)) for s in sentences]
-    config = SimpleNamespace(model=SimpleNamespace(max_len=12),
-                             data=SimpleNamespace(bucket_lengths=(4, 8), token_budget=16))
+    config = SimpleNamespace(
+        model=SimpleNamespace(max_len=12), data=SimpleNamespace(bucket_lengths=(4, 8), token_budget=16)
+    )
     batches = batching.dev_batches(config, Words, SimpleNamespace(src=text(src), tgt=text(tgt)))
     # lengths max(src, tgt + 1): 3 -> bucket 4 (16 // 4 rows), 6 -> 8 (2 rows); 10 and the cut 12 stay as they are
     assert [b["src"].shape for b in batches] == [(4, 4), (2, 8), (1, 10), (1, 12)]

@@ -37,14 +37,25 @@ def tiny():
 @pytest.mark.parametrize("beam_size", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_translations_at_fixed_lengths_are_the_bucketed_ones_from_fewer_programs(tiny, beam_size):
     model, params, src, _ = tiny
-    run = lambda lengths: translate.translate(model, params, src, beam_size=beam_size, alpha=0.6, max_extra_length=6,
-                                              bucket_lengths=BUCKETS, rows=8, lengths=lengths)
+    run = lambda lengths: translate.translate(
+        model,
+        params,
+        src,
+        beam_size=beam_size,
+        alpha=0.6,
+        max_extra_length=6,
+        bucket_lengths=BUCKETS,
+        rows=8,
+        lengths=lengths,
+    )
     with CompileCounter() as bucketed:
         want = run(())
     with CompileCounter() as fixed:
         got = run(FIXED)
     assert got == want
-    assert sum(len(t) == min(b + 6, 64) for t, b in zip(want, (batching.bucket_length(len(s), BUCKETS) for s in src))) > 0
+    assert (
+        sum(len(t) == min(b + 6, 64) for t, b in zip(want, (batching.bucket_length(len(s), BUCKETS) for s in src))) > 0
+    )
     # 40 sources in 5 batches of 8 across the buckets; at fixed lengths, one decode program per length used
     assert fixed.totals()["compiled"] < bucketed.totals()["compiled"]
     assert len({batching.bucket_length(batching.bucket_length(len(s), BUCKETS), FIXED) for s in src}) == 2
@@ -71,8 +82,11 @@ def test_dev_loss_at_fixed_lengths_is_the_bucketed_one(tiny):
         encode = staticmethod(lambda texts: [[int(w) for w in t.split()] for t in texts])
 
     corpus = SimpleNamespace(src=[" ".join(map(str, s)) for s in src], tgt=[" ".join(map(str, t)) for t in tgt])
-    config = lambda lengths: SimpleNamespace(model=SimpleNamespace(max_len=64), eval=SimpleNamespace(lengths=lengths),
-                                             data=SimpleNamespace(bucket_lengths=BUCKETS, token_budget=256))
+    config = lambda lengths: SimpleNamespace(
+        model=SimpleNamespace(max_len=64),
+        eval=SimpleNamespace(lengths=lengths),
+        data=SimpleNamespace(bucket_lengths=BUCKETS, token_budget=256),
+    )
     step = dev.eval_step_fn(model)
     bucketed, fixed = (batching.dev_batches(config(lengths), Ids, corpus) for lengths in ((), FIXED))
     assert {b["src"].shape[1] for b in fixed} == {32, 64} and len({b["src"].shape for b in bucketed}) > 2

@@ -25,7 +25,9 @@ STEPS = 5
 def main(process_id, num_processes, port, workdir):
     jax.config.update("jax_num_cpu_devices", 2)
     config = make_config(4, 0.1, mesh=(2, 2))
-    config.distributed.update(coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id)
+    config.distributed.update(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id
+    )
     distributed.initialize(config.distributed)
     model = Transformer(config_lib.model_config(config, VOCAB))
     trainer = trainers.make_trainer(config, model, optimizer(config))

@@ -30,8 +30,16 @@ def make_config(kv_heads, dropout, mesh=(1, 1), shard_embeddings=False, parallel
     config = default.get_config()
     config.data.vocab_size = VOCAB
     config.model.dtype = "float32"  # the float32 references below, whatever 'auto' picks here
-    config.model.update(d_model=32, num_heads=4, num_kv_heads=kv_heads, num_layers=1, mlp_dim=64, max_len=16,
-                        dropout_rate=dropout, attention_dropout_rate=dropout)
+    config.model.update(
+        d_model=32,
+        num_heads=4,
+        num_kv_heads=kv_heads,
+        num_layers=1,
+        mlp_dim=64,
+        max_len=16,
+        dropout_rate=dropout,
+        attention_dropout_rate=dropout,
+    )
     config.mesh.data, config.mesh.model = mesh
     config.mesh.shard_embeddings = shard_embeddings
     config.parallelism = parallelism
@@ -72,7 +80,7 @@ def run(config, trainer=None, steps=STEPS):
     if trainer is None:  # the reference: one device, plain jit
         state = jax.jit(lambda r: step_lib.create_state(model, tx, r, batches[0]))(jax.random.key(0))
         step = jax.jit(functools.partial(step_lib.train_step, label_smoothing=0.1))
-        put = lambda b: b  # noqa: E731
+        put = lambda b: b
     else:
         trainer = trainer(config, model, tx)
         state = trainer.init_state(jax.random.key(0), batches[0])
@@ -110,10 +118,12 @@ def mesh_trainer(config, model, tx):
 
 def leaf_info(state, name):
     """Spec and per-device shard shape of params leaf 'a/b/c' (and of its Adam first moment)."""
+
     def get(tree):
         for key in name.split("/"):
             tree = tree[key]
         return tree
+
     param = get(state.params)
     mu = get(state.opt_state[1][1][0].mu)  # chain(trace, chain(clip, adam)) -> adam's ScaleByAdamState
     return {
@@ -124,10 +134,15 @@ def leaf_info(state, name):
 
 
 LEAVES = (
-    "encoder/layer_0/self_attention/query/kernel", "encoder/layer_0/self_attention/key/kernel",
-    "decoder/layer_0/cross_attention/value/bias", "decoder/layer_0/self_attention/out/kernel",
-    "decoder/layer_0/mlp/wi/kernel", "decoder/layer_0/mlp/wi/bias", "decoder/layer_0/mlp/wo/kernel",
-    "embed/embedding", "encoder/layer_0/ln_self/scale",
+    "encoder/layer_0/self_attention/query/kernel",
+    "encoder/layer_0/self_attention/key/kernel",
+    "decoder/layer_0/cross_attention/value/bias",
+    "decoder/layer_0/self_attention/out/kernel",
+    "decoder/layer_0/mlp/wi/kernel",
+    "decoder/layer_0/mlp/wi/bias",
+    "decoder/layer_0/mlp/wo/kernel",
+    "embed/embedding",
+    "encoder/layer_0/ln_self/scale",
 )
 
 
@@ -164,9 +179,15 @@ def main():
     out["restore"] = {
         "step": step,
         "max_diff": float(np.max(np.abs(_flat(restored) - _flat(saved)))),
-        "query_spec": [a for a in restored.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].sharding.spec],
-        "query_shard_shape": list(restored.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].addressable_shards[0].data.shape),
-        "saved_query_shard_shape": list(saved.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].addressable_shards[0].data.shape),
+        "query_spec": [
+            a for a in restored.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].sharding.spec
+        ],
+        "query_shard_shape": list(
+            restored.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].addressable_shards[0].data.shape
+        ),
+        "saved_query_shard_shape": list(
+            saved.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].addressable_shards[0].data.shape
+        ),
     }
 
     # Bad meshes fail before anything compiles.

@@ -33,8 +33,14 @@ def two_process_run(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{HERE}", XLA_FLAGS="--xla_backend_optimization_level=0")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs = [
-        subprocess.Popen([sys.executable, str(HERE / "multiprocess_checks.py"), str(i), "2", str(port), str(workdir)],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(HERE / "multiprocess_checks.py"), str(i), "2", str(port), str(workdir)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     outputs = [p.communicate(timeout=900)[0] for p in procs]
@@ -57,7 +63,9 @@ def test_two_processes_give_the_losses_of_one(two_process_run, one_process_run):
 
 def test_each_process_gathers_the_full_parameters(two_process_run, one_process_run):
     for i in range(2):
-        np.testing.assert_allclose(np.load(two_process_run / f"params_{i}.npy"), one_process_run[0]["params"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(
+            np.load(two_process_run / f"params_{i}.npy"), one_process_run[0]["params"], rtol=0, atol=1e-5
+        )
 
 
 def test_the_checkpoint_both_processes_wrote_restores_in_one(two_process_run, one_process_run):

@@ -29,8 +29,14 @@ def checks():
     # LLVM's -O0 halves the compile time of these tiny programs; the reference runs under the same flags.
     flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("sharding_checks.py"))],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("sharding_checks.py"))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
 
@@ -92,7 +98,11 @@ def test_a_checkpoint_written_on_one_mesh_restores_on_another(checks):
     restore = checks["restore"]
     assert restore["step"] == 2 and restore["max_diff"] == 0.0
     assert restore["saved_query_shard_shape"] == [32, 2, 8]  # written with model=2
-    assert restore["query_shard_shape"] == [32, 1, 8] and restore["query_spec"] == [None, "model", None]  # read with model=4
+    assert restore["query_shard_shape"] == [32, 1, 8] and restore["query_spec"] == [
+        None,
+        "model",
+        None,
+    ]  # read with model=4
 
 
 @slow
@@ -117,7 +127,9 @@ def test_mesh_shape_rejects(data, model, match):
 def test_param_spec_rules():
     spec = sharding.param_spec
     assert spec("params/decoder/layer_0/cross_attention/query/kernel", (512, 8, 64), 4, False) == P(None, "model", None)
-    assert spec("opt_state/1/0/mu/encoder/layer_1/self_attention/key/kernel", (512, 2, 64), 2, False) == P(None, "model", None)
+    assert spec("opt_state/1/0/mu/encoder/layer_1/self_attention/key/kernel", (512, 2, 64), 2, False) == P(
+        None, "model", None
+    )
     assert spec("encoder/layer_1/self_attention/key/kernel", (512, 2, 64), 4, False) == P()  # GQA: too few KV heads
     assert spec("encoder/layer_1/self_attention/out/bias", (512,), 4, False) == P()
     assert spec("embed/embedding", (8000, 512), 4, False) == P()
@@ -133,12 +145,15 @@ def tiny(**mesh):
     return config
 
 
-@pytest.mark.parametrize("mesh, match", [
-    (dict(model=8), "at most config.model.num_heads"),
-    (dict(model=3), "divisor of config.model.num_heads"),
-    (dict(data=0), "mesh.data"),
-    (dict(model=-2), "mesh.model"),
-])
+@pytest.mark.parametrize(
+    "mesh, match",
+    [
+        (dict(model=8), "at most config.model.num_heads"),
+        (dict(model=3), "divisor of config.model.num_heads"),
+        (dict(data=0), "mesh.data"),
+        (dict(model=-2), "mesh.model"),
+    ],
+)
 def test_config_rejects_bad_meshes(mesh, match):
     with pytest.raises(ValueError, match=match):
         config_lib.validate(tiny(**mesh))
@@ -155,15 +170,20 @@ def test_config_rejects_pmap_with_model_shards_and_bad_distributed_fields():
         config_lib.validate(config)
 
 
-@pytest.mark.parametrize("mode, address, environ, expected", [
-    ("auto", "", {}, False),
-    ("auto", "", {"SLURM_NTASKS": "1"}, False),
-    ("auto", "", {"SLURM_NTASKS": "16"}, True),
-    ("auto", "", {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
-    ("auto", "10.0.0.1:1234", {}, True),
-    ("always", "", {}, True),
-    ("never", "10.0.0.1:1234", {"SLURM_NTASKS": "16"}, False),
-])
+@pytest.mark.parametrize(
+    "mode, address, environ, expected",
+    [
+        ("auto", "", {}, False),
+        ("auto", "", {"SLURM_NTASKS": "1"}, False),
+        ("auto", "", {"SLURM_NTASKS": "16"}, True),
+        ("auto", "", {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
+        ("auto", "10.0.0.1:1234", {}, True),
+        ("always", "", {}, True),
+        ("never", "10.0.0.1:1234", {"SLURM_NTASKS": "16"}, False),
+    ],
+)
 def test_when_jax_distributed_is_initialized(mode, address, environ, expected):
-    settings = ml_collections.ConfigDict(dict(initialize=mode, coordinator_address=address, num_processes=0, process_id=-1))
+    settings = ml_collections.ConfigDict(
+        dict(initialize=mode, coordinator_address=address, num_processes=0, process_id=-1)
+    )
     assert distributed.requested(settings, environ) is expected

@@ -18,7 +18,9 @@ from training.parallel import trainers
 def _trainer(formulation):
     config = default.get_config()
     config.parallelism, config.mesh.data, config.mesh.model = "jit", 1, 1
-    model = Transformer(model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, formulation=formulation))
+    model = Transformer(
+        model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=8, formulation=formulation)
+    )
     return trainers.make_trainer(config, model, optax.sgd(0.1), jax.devices()[:1])
 
 

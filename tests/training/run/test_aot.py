@@ -20,8 +20,12 @@ from models import decoding
 from training.evaluation import dev
 from training.run import aot
 
-needs_cuda = pytest.mark.skipif(not aot.has_cuda_compiler(), reason="the CUDA plugin (the `aot` extra) or CUDA's ptxas / nvlink is absent")
-needs_libtpu = pytest.mark.skipif(not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'")
+needs_cuda = pytest.mark.skipif(
+    not aot.has_cuda_compiler(), reason="the CUDA plugin (the `aot` extra) or CUDA's ptxas / nvlink is absent"
+)
+needs_libtpu = pytest.mark.skipif(
+    not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'"
+)
 D_MODEL, ROWS, LENGTH, VOCAB = 64, 32, 64, 256
 BF16 = 2  # bytes: the model's compute dtype on a TPU (model.dtype "auto")
 
@@ -51,7 +55,9 @@ def test_tiny_train_step_on_a_v5e_slice_splits_heads_and_mlp_over_model():
     # forward: after W^O of the encoder's self-attention and the decoder's two, and after each MLP's wo (1 layer)
     assert _activation_all_reduces(split["hlo"], ROWS // 2) >= 3 + 2
     assert aot.refusal("train", split) is None
-    data_only = aot.compile_programs(_tiny(), target, 4, 1, programs=("train",), devices=devices, keep_hlo=True)["train"]
+    data_only = aot.compile_programs(_tiny(), target, 4, 1, programs=("train",), devices=devices, keep_hlo=True)[
+        "train"
+    ]
     assert _activation_all_reduces(data_only["hlo"], ROWS // 4) == 0
     assert data_only["collectives"]["all-reduce"] < split["collectives"]["all-reduce"]
 
@@ -60,7 +66,9 @@ def test_tiny_train_step_on_a_v5e_slice_splits_heads_and_mlp_over_model():
 def test_tiny_train_step_on_two_gpus():
     config = _tiny()
     config.model.dtype = "auto"
-    report = aot.compile_programs(config, aot.parse_target("cuda:h100:2"), 2, 1, programs=("train",), keep_hlo=True)["train"]
+    report = aot.compile_programs(config, aot.parse_target("cuda:h100:2"), 2, 1, programs=("train",), keep_hlo=True)[
+        "train"
+    ]
     assert report["mesh"] == {"data": 2, "model": 1} and report["memory_bytes"]["temp"] > 0
     assert report["collectives"]["all-reduce"] > 0 and "opt-barrier" not in report["hlo"]
     assert re.search(r"\bbf16\[", report["hlo"])  # 'auto' is bfloat16 for a GPU, not this host's choice
@@ -72,7 +80,9 @@ def test_tiny_train_step_on_two_gpus():
     # the loss reads the targets' logits as a masked sum: no gather whose gradient scatters into [rows, L, vocab]
     # (the embeddings' gradient scatters into [vocab, d_model], as the peer's does)
     assert re.search(rf"= \w+\[{vocab},{d}\]\S* scatter\(", report["hlo"])  # the check can fail: scatters show
-    assert not re.search(rf"= \w+\[\d+,{LENGTH},{vocab}\]\S* scatter\(", report["hlo"]), "XLA:CPU's gather reached a GPU"
+    assert not re.search(rf"= \w+\[\d+,{LENGTH},{vocab}\]\S* scatter\(", report["hlo"]), (
+        "XLA:CPU's gather reached a GPU"
+    )
 
 
 @needs_libtpu
@@ -164,13 +174,21 @@ def _fake_compile(needed_of, remat_of=lambda rows: 0):
         needed = needed_of(rows)
         if needed is None:
             raise aot.DoesNotFit(f"the train step needs more than a {target.chip.name} has")
-        return {"train": {"target": target.name, "hbm_gib": target.chip.hbm_gib, "memory_bytes": {"needed": needed},
-                          "rematerialized": remat_of(rows), "compile_s": 1.0}}
+        return {
+            "train": {
+                "target": target.name,
+                "hbm_gib": target.chip.hbm_gib,
+                "memory_bytes": {"needed": needed},
+                "rematerialized": remat_of(rows),
+                "compile_s": 1.0,
+            }
+        }
+
     return compile_fn, calls
 
 
 V5E = aot.parse_target("tpu:v5e")  # 16 GiB
-LINE = lambda rows: aot.GIB + rows * (aot.GIB // 10)  # noqa: E731  1 GiB + 0.1 GiB a row: 16 GiB at 150 rows
+LINE = lambda rows: aot.GIB + rows * (aot.GIB // 10)
 
 
 def _largest(needed_of, lo=32, hi=64):
@@ -179,7 +197,7 @@ def _largest(needed_of, lo=32, hi=64):
 
 
 def _brute_force(needed_of, granularity=8):
-    fits = lambda r: (n := needed_of(r)) is not None and n <= 16 * aot.GIB  # noqa: E731
+    fits = lambda r: (n := needed_of(r)) is not None and n <= 16 * aot.GIB
     return max(r for r in range(granularity, 1024, granularity) if fits(r))
 
 
@@ -191,19 +209,27 @@ def test_largest_rows_on_a_line_takes_the_seeds_and_two_confirmations():
     assert [c["fits"] for c in result["compiles"]] == [True, True, True, False]
 
 
-@pytest.mark.parametrize("needed_of", [
-    lambda r: LINE(r) + (3 * aot.GIB if r > 100 else 0),  # the line over-predicts: bisect below its prediction
-    lambda r: None if r > 120 else LINE(r),  # XLA refuses above 120 rows (a TPU's usable HBM)
-    lambda r: aot.GIB + min(r, 100) * (aot.GIB // 10) + max(r - 100, 0) * (aot.GIB // 40),  # under-predicts: search upwards
-    lambda r: None if r > 20 else LINE(r),  # the seeds do not fit: bisect from 0
-], ids=["over", "refused", "under", "seeds_refused"])
+@pytest.mark.parametrize(
+    "needed_of",
+    [
+        lambda r: LINE(r) + (3 * aot.GIB if r > 100 else 0),  # the line over-predicts: bisect below its prediction
+        lambda r: None if r > 120 else LINE(r),  # XLA refuses above 120 rows (a TPU's usable HBM)
+        lambda r: (
+            aot.GIB + min(r, 100) * (aot.GIB // 10) + max(r - 100, 0) * (aot.GIB // 40)
+        ),  # under-predicts: search upwards
+        lambda r: None if r > 20 else LINE(r),  # the seeds do not fit: bisect from 0
+    ],
+    ids=["over", "refused", "under", "seeds_refused"],
+)
 def test_largest_rows_narrows_where_the_line_is_wrong(needed_of):
     result, calls = _largest(needed_of)
     assert result["rows"] == _brute_force(needed_of) and result["rows"] % 8 == 0
     assert len(calls) == len(set(calls)) < 1024 // 8 // 4  # no row count compiled twice, far fewer than a scan
     confirmed = [c for c in result["compiles"] if c["stage"] == "confirm"]
     if result["predicted"] is not None:  # refused at the seeds: no line, no prediction
-        assert confirmed[0]["rows"] == result["predicted"] and len(confirmed) == 1 + confirmed[0]["fits"]  # none above a refusal
+        assert (
+            confirmed[0]["rows"] == result["predicted"] and len(confirmed) == 1 + confirmed[0]["fits"]
+        )  # none above a refusal
     assert any(not c["fits"] and c["rows"] == result["rows"] + 8 for c in result["compiles"])
 
 
@@ -216,11 +242,13 @@ def test_largest_rows_within_a_share_of_the_chip():
 
 def test_largest_rows_without_rematerialisation():
     # as XLA does: past 112 rows it recomputes to hold the program near 14.5 GiB, so memory alone would not bound it
-    needed_of = lambda r: LINE(r) if r <= 112 else int(14.5 * aot.GIB)  # noqa: E731
+    needed_of = lambda r: LINE(r) if r <= 112 else int(14.5 * aot.GIB)
     compile_fn, _ = _fake_compile(needed_of, lambda r: 0 if r <= 112 else 50)
     result = aot.largest_rows(None, V5E, 32, 64, compile_fn=compile_fn, without_remat=True)
     assert result["rows"] == 112 and result["needed_bytes"] == LINE(112)
-    assert [c["why"] for c in result["compiles"] if c["rows"] == 120] == ["XLA rematerialised 50 instructions to fit it"]
+    assert [c["why"] for c in result["compiles"] if c["rows"] == 120] == [
+        "XLA rematerialised 50 instructions to fit it"
+    ]
 
 
 def test_largest_rows_when_nothing_fits_and_bad_seeds():

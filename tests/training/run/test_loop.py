@@ -82,7 +82,9 @@ def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp
     first.model.dtype = resumed.model.dtype = "auto"  # resolved float32 here, then bfloat16 where it resumes:
     monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None, matmul="auto": {"dtype": "float32"})
     loop.train_and_evaluate(first, tmp_path)
-    monkeypatch.setattr(precision, "machine_choice", lambda cache, measure_fn=None, matmul="auto": {"dtype": "bfloat16"})
+    monkeypatch.setattr(
+        precision, "machine_choice", lambda cache, measure_fn=None, matmul="auto": {"dtype": "bfloat16"}
+    )
     loop.train_and_evaluate(resumed, tmp_path)  # resumes at step 10, in the float32 it started with
     assert_same_params(params_of(tmp_path, 20), params_of(straight_run[0], 20))
 
@@ -130,8 +132,9 @@ def test_a_bfloat16_run_tracks_the_float32_run_and_keeps_float32_parameters(stra
     config = tiny_config(20)
     config.model.dtype = "bfloat16"  # on the CPU: the row-major matmuls of backends/xla_cpu_bf16.py
     loop.train_and_evaluate(config, tmp_path)
-    train_losses = lambda workdir: [r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
-                                    if "split" not in r]
+    train_losses = lambda workdir: [
+        r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" not in r
+    ]
     np.testing.assert_allclose(train_losses(tmp_path), train_losses(straight_run[0]), rtol=0.02)
     assert {x.dtype for x in jax.tree.leaves(params_of(tmp_path, 20))} == {np.dtype(np.float32)}
 
@@ -186,22 +189,43 @@ def test_a_workdir_written_before_later_config_fields_still_loads(straight_run, 
     config_lib.validate(config)
 
 
-@pytest.mark.parametrize("config_arg, flag, named", [
-    ("configs/default.py:h=abc", None, "configs/default.py:h=abc: h (model.num_heads) = 'abc'; expected a positive int"),
-    ("configs/default.py:foo=1", None, "configs/default.py:foo=1: unknown argument 'foo'"),
-    ("BROKEN", None, "line 1: invalid syntax; expected a Python config file"),
-    ("configs/default.py", "--config.seed=-1", "config.seed = -1; expected an int in [0, 2**32)"),
-    ("configs/default.py", "--config.data.bucket_lengths=(64", "config.data.bucket_lengths = ('(64',)"),
-])
+@pytest.mark.parametrize(
+    "config_arg, flag, named",
+    [
+        (
+            "configs/default.py:h=abc",
+            None,
+            "configs/default.py:h=abc: h (model.num_heads) = 'abc'; expected a positive int",
+        ),
+        ("configs/default.py:foo=1", None, "configs/default.py:foo=1: unknown argument 'foo'"),
+        ("BROKEN", None, "line 1: invalid syntax; expected a Python config file"),
+        ("configs/default.py", "--config.seed=-1", "config.seed = -1; expected an int in [0, 2**32)"),
+        ("configs/default.py", "--config.data.bucket_lengths=(64", "config.data.bucket_lengths = ('(64',)"),
+    ],
+)
 def test_a_bad_config_file_argument_or_value_is_one_line(tmp_path, config_arg, flag, named):
     """absl printed the config file's traceback in its flag-parsing error; SentencePiece and the batching their own."""
     broken = tmp_path / "broken.py"
     broken.write_text("def get_config(:\n")
     config_arg = str(broken) if config_arg == "BROKEN" else str(ROOT / config_arg)
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), f"--config={config_arg}", *([flag] if flag else []),
-                          f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            f"--config={config_arg}",
+            *([flag] if flag else []),
+            f"--workdir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.strip().startswith("train.py: error: ") and named in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert (
+        out.stderr.strip().startswith("train.py: error: ")
+        and named in out.stderr
+        and len(out.stderr.strip().splitlines()) == 1
+    ), out.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -211,9 +235,18 @@ def test_command_line_overrides_and_config_arguments():
     with pytest.raises(ValueError, match="unknown argument .heads."):
         default.get_config("heads=8")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/default.py"),
-         "--config.model.no_such_field=1", "--workdir", "/nonexistent"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--config",
+            str(ROOT / "configs/default.py"),
+            "--config.model.no_such_field=1",
+            "--workdir",
+            "/nonexistent",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode != 0 and "no_such_field" in out.stderr
 
@@ -223,7 +256,10 @@ def test_eval_cli_prints_bleu_and_translates_a_file(straight_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, str(ROOT / "eval.py"), f"--workdir={workdir}", "--beam_size=2"],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     )
     result = json.loads(out.stdout)
     assert result["split"] == "val" and 0.0 <= result["bleu"] <= 100.0 and "tok:13a" in result["signature"]

@@ -33,8 +33,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def tree(folder: Path) -> dict:
     """Every path under `folder` with its size and modification time (what a reader must leave as it was)."""
-    return {str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size if p.is_file() else 0, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size if p.is_file() else 0, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def steps(folder: Path) -> list[int]:
@@ -42,6 +44,7 @@ def steps(folder: Path) -> list[int]:
 
 
 # ---- damaged checkpoints: moved aside by a writer, refused when none is left, never touched by a reader
+
 
 def test_every_checkpoint_damaged_is_refused_not_restarted_and_kept_aside(tmp_path):
     ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
@@ -97,6 +100,7 @@ def test_a_reader_of_a_workdir_without_checkpoints_creates_no_folders(tmp_path):
 
 # ---- a workdir that holds a run resumes or is refused; start-up leaves nothing that refuses the same command
 
+
 def write_metrics(workdir: Path, *records):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -114,8 +118,14 @@ def test_a_run_whose_checkpoints_were_emptied_is_refused_naming_what_it_holds(tm
         loop.check_history(tmp_path)
 
 
-@pytest.mark.parametrize("left", [["config.json"], ["config.json", "spm.model", "run_info.json"],
-                                  ["config.json", "spm.model", "checkpoints/", "metrics.jsonl"]])
+@pytest.mark.parametrize(
+    "left",
+    [
+        ["config.json"],
+        ["config.json", "spm.model", "run_info.json"],
+        ["config.json", "spm.model", "checkpoints/", "metrics.jsonl"],
+    ],
+)
 def test_what_a_killed_start_leaves_is_not_a_run(tmp_path, left):
     for name in left:  # a kill during start-up, at each point between the first write and the first record
         if name.endswith("/"):
@@ -136,6 +146,7 @@ def test_dropping_metrics_records_says_so(tmp_path, caplog):
 
 # ---- divergence
 
+
 def test_a_loss_far_above_the_running_loss_is_divergence():
     watch = loop.LossWatch(10.0)
     for loss in (5.7, 5.6, 5.0, 9.0, 4.0):  # noise, even a 2x bump, is not
@@ -150,16 +161,20 @@ def test_a_loss_far_above_the_running_loss_is_divergence():
 
 # ---- validation: the field the user set, before the slow set-up
 
-@pytest.mark.parametrize("field, value, message", [
-    ("optimizer.learning_rate", -1.0, "config.optimizer.learning_rate = -1.0; expected a finite number > 0"),
-    ("optimizer.learning_rate", float("inf"), "config.optimizer.learning_rate = inf; expected a finite number > 0"),
-    ("optimizer.learning_rate", float("nan"), "config.optimizer.learning_rate = nan; expected a finite number > 0"),
-    ("optimizer.warmup_steps", 0, "config.optimizer.warmup_steps = 0; expected an int >= 1"),
-    ("data.train_limit", -1, "config.data.train_limit = -1; expected an int >= 0"),
-    ("eval.bleu_examples", -1, "config.eval.bleu_examples = -1; expected an int >= 0"),
-    ("data.vocab_size", 0, "config.data.vocab_size = 0; expected an int >= 8"),
-    ("divergence_factor", 0.5, "config.divergence_factor = 0.5"),
-])
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("optimizer.learning_rate", -1.0, "config.optimizer.learning_rate = -1.0; expected a finite number > 0"),
+        ("optimizer.learning_rate", float("inf"), "config.optimizer.learning_rate = inf; expected a finite number > 0"),
+        ("optimizer.learning_rate", float("nan"), "config.optimizer.learning_rate = nan; expected a finite number > 0"),
+        ("optimizer.warmup_steps", 0, "config.optimizer.warmup_steps = 0; expected an int >= 1"),
+        ("data.train_limit", -1, "config.data.train_limit = -1; expected an int >= 0"),
+        ("eval.bleu_examples", -1, "config.eval.bleu_examples = -1; expected an int >= 0"),
+        ("data.vocab_size", 0, "config.data.vocab_size = 0; expected an int >= 8"),
+        ("divergence_factor", 0.5, "config.divergence_factor = 0.5"),
+    ],
+)
 def test_optimizer_and_data_knobs_are_validated_naming_the_field(field, value, message):
     config = tiny_config()
     *section, name = field.split(".")
@@ -223,8 +238,14 @@ def test_os_errors_and_refusals_are_one_line(capsys, monkeypatch):
 
 
 def run_cli(script, *flags, **kwargs):
-    return subprocess.run([sys.executable, str(ROOT / script), *flags], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600, **kwargs)
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *flags],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+        **kwargs,
+    )
 
 
 def one_line_error(result) -> str:
@@ -240,11 +261,14 @@ def test_train_py_names_a_missing_config_file_and_a_file_workdir_in_one_line(tmp
     missing = one_line_error(run_cli("train.py", f"--config={tmp_path / 'nope.py'}", f"--workdir={tmp_path / 'run'}"))
     assert str(tmp_path / "nope.py") in missing
     (tmp_path / "file").write_text("")
-    is_file = one_line_error(run_cli("train.py", f"--config={ROOT / 'configs/default.py'}", f"--workdir={tmp_path / 'file'}"))
+    is_file = one_line_error(
+        run_cli("train.py", f"--config={ROOT / 'configs/default.py'}", f"--workdir={tmp_path / 'file'}")
+    )
     assert "is a file" in is_file and str(tmp_path / "file") in is_file
 
 
 # ---- SIGTERM during a dev evaluation: stop between batches
+
 
 def test_a_stop_comes_in_between_evaluation_batches():
     calls = []
@@ -261,7 +285,10 @@ def test_a_stop_comes_in_between_evaluation_batches():
 
 # ---- end to end on a tiny model
 
-slow_multi30k = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set")]
+slow_multi30k = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -303,8 +330,10 @@ def test_a_run_without_an_intact_checkpoint_is_refused_until_restart_which_keeps
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     previous = next((workdir / "previous").iterdir())
     assert (previous / "metrics.jsonl").read_text() == metrics and steps(previous / "best")  # moved aside, whole
-    assert steps(workdir / "checkpoints") == [10, 20] and [json.loads(r)["step"] for r in
-                                                           (workdir / "metrics.jsonl").read_text().splitlines()][0] == 5
+    assert (
+        steps(workdir / "checkpoints") == [10, 20]
+        and [json.loads(r)["step"] for r in (workdir / "metrics.jsonl").read_text().splitlines()][0] == 5
+    )
 
 
 @pytest.mark.slow
@@ -325,7 +354,9 @@ def test_a_config_json_edited_to_another_model_is_a_mismatch_and_moves_nothing(t
     saved["model"]["mlp_dim"] = 48  # edited by hand to match the requested config
     (workdir / "config.json").write_text(json.dumps(saved))
     line = one_line_error(run_cli("train.py", *tiny_flags(30, **{"model.mlp_dim": 48}), f"--workdir={workdir}"))
-    assert re.search(r"checkpoint 20 .* holds \S+ \((\d+, )?32,?\) float32, but the requested config builds \((\d+, )?48,?\)", line), line
+    assert re.search(
+        r"checkpoint 20 .* holds \S+ \((\d+, )?32,?\) float32, but the requested config builds \((\d+, )?48,?\)", line
+    ), line
     assert not (workdir / "checkpoints" / "damaged").exists() and steps(workdir / "checkpoints") == [10, 20]
 
 
@@ -359,8 +390,11 @@ def test_eval_reads_a_damaged_workdir_in_use_without_writing_and_says_which_step
         score = json.loads(result.stdout)
         assert score["step"] == 10 and score["checkpoint"] == str((workdir / "checkpoints" / "10").absolute())
         assert len(hypotheses.read_text().splitlines()) == 1014
-        translated = eval_py(workdir, f"--input={tmp_path / 'long.de'}", f"--output={tmp_path / 'long.en'}") \
-            if (tmp_path / "long.de").write_text("ein Hund\n" + "Hund " * 10000 + "\n") else None
+        translated = (
+            eval_py(workdir, f"--input={tmp_path / 'long.de'}", f"--output={tmp_path / 'long.en'}")
+            if (tmp_path / "long.de").write_text("ein Hund\n" + "Hund " * 10000 + "\n")
+            else None
+        )
         assert translated.returncode == 0 and tree(workdir) == before
         assert "step 10" in translated.stdout
         assert "1 of 2 lines" in translated.stderr and "cut to it: line 2" in translated.stderr  # not silent
@@ -377,8 +411,12 @@ def test_readers_take_no_compilation_cache_from_the_workdirs_config(trained, tmp
     saved["compilation_cache_dir"] = str(tmp_path / "planted")
     (workdir / "config.json").write_text(json.dumps(saved))
     (tmp_path / "in.de").write_text("ein Hund\n")
-    translated = eval_py(workdir, f"--input={tmp_path / 'in.de'}", f"--output={tmp_path / 'out.en'}",
-                         f"--compilation_cache_dir={tmp_path / 'mine'}")
+    translated = eval_py(
+        workdir,
+        f"--input={tmp_path / 'in.de'}",
+        f"--output={tmp_path / 'out.en'}",
+        f"--compilation_cache_dir={tmp_path / 'mine'}",
+    )
     assert translated.returncode == 0, translated.stderr[-3000:]
     assert not (tmp_path / "planted").exists() and (tmp_path / "mine").is_dir()
     analyzed = run_cli("analyze.py", "maps", f"--workdir={workdir}", "--sentence=ein Hund", "--compilation_cache_dir=")
@@ -402,17 +440,31 @@ def test_a_huge_learning_rate_stops_in_one_line_at_a_checkpoint_with_a_sane_loss
     assert "above config.divergence_factor (10)" in line, line
     stopped = int(line.split(" at step ")[1].split(";")[0])
     kept = steps(workdir / "checkpoints")
-    assert kept and max(kept) < stopped - 1 and f"last good checkpoint is step {max(kept)} in" in line and "(its loss was sane)" in line
+    assert (
+        kept
+        and max(kept) < stopped - 1
+        and f"last good checkpoint is step {max(kept)} in" in line
+        and "(its loss was sane)" in line
+    )
     assert steps(workdir / "checkpoints" / "diverged") == [stopped - 1]  # the state that gave the bad loss, kept aside
-    losses = [r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" not in r]
+    losses = [
+        r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" not in r
+    ]
     assert all(loss < 10 * 6 for loss in losses)  # every logged window was sane (ln 300 = 5.7 at the start)
 
 
 @pytest.mark.slow
 def test_a_diverged_run_started_again_stops_again_against_the_recorded_baseline_and_keeps_its_good_checkpoint(tmp_path):
     workdir = tmp_path / "run"
-    flags = tiny_flags(60, **{"optimizer.learning_rate": 300.0, "checkpoint_every_steps": 1, "eval_every_steps": 100,
-                              "keep_checkpoints": 2})
+    flags = tiny_flags(
+        60,
+        **{
+            "optimizer.learning_rate": 300.0,
+            "checkpoint_every_steps": 1,
+            "eval_every_steps": 100,
+            "keep_checkpoints": 2,
+        },
+    )
     first = one_line_error(run_cli("train.py", *flags, f"--workdir={workdir}"))
     baseline = re.search(r"lowest running loss \(([\d.]+)\)", first).group(1)
     kept = int(re.search(r"last good checkpoint is step (\d+)", first).group(1))
@@ -425,10 +477,22 @@ def test_a_diverged_run_started_again_stops_again_against_the_recorded_baseline_
 def test_sigterm_during_a_dev_evaluation_stops_within_seconds_and_the_resume_redoes_it(tmp_path):
     workdir = tmp_path / "run"
     # the whole dev split, greedy, up to 50 extra tokens: far longer than a stop between batches may take
-    flags = tiny_flags(4, **{"log_every_steps": 2, "eval_every_steps": 2, "checkpoint_every_steps": 4,
-                             "eval.bleu_examples": 0, "eval.max_extra_length": 50})
-    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags, f"--workdir={workdir}"],
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    flags = tiny_flags(
+        4,
+        **{
+            "log_every_steps": 2,
+            "eval_every_steps": 2,
+            "checkpoint_every_steps": 4,
+            "eval.bleu_examples": 0,
+            "eval.max_extra_length": 50,
+        },
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *flags, f"--workdir={workdir}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     for line in process.stderr:
         if "step 2/4" in line:  # logged right before the evaluation at step 2
             break
@@ -444,7 +508,9 @@ def test_sigterm_during_a_dev_evaluation_stops_within_seconds_and_the_resume_red
     assert not [r for r in records if "split" in r]
     resumed = run_cli("train.py", *flags, f"--workdir={workdir}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    dev_steps = [r["step"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" in r]
+    dev_steps = [
+        r["step"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "split" in r
+    ]
     assert dev_steps == [2, 4]  # the interrupted evaluation was redone
 
 
@@ -453,14 +519,18 @@ def test_analyze_refuses_an_unwritable_workdir_before_loading(tmp_path, monkeypa
 
     real = os.access
     monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real(path, mode))
-    with pytest.raises(ValueError, match=f"--workdir {tmp_path}: {tmp_path} is not writable; analyze.py writes to WORKDIR/analysis/"):
+    with pytest.raises(
+        ValueError, match=f"--workdir {tmp_path}: {tmp_path} is not writable; analyze.py writes to WORKDIR/analysis/"
+    ):
         analyze.main(["roles", f"--workdir={tmp_path}"])  # an empty folder: loading it would fail differently
 
 
 @pytest.mark.slow
 def test_analyze_writes_only_its_analysis_folder_and_says_which_step(trained, tmp_path):
     workdir = copy_of(trained, tmp_path)
-    corrupt_largest_file(workdir / "best" / str(steps(workdir / "best")[0]))  # falls back to checkpoints/20, touching neither
+    corrupt_largest_file(
+        workdir / "best" / str(steps(workdir / "best")[0])
+    )  # falls back to checkpoints/20, touching neither
     before = tree(workdir)
     result = run_cli("analyze.py", "roles", f"--workdir={workdir}", "--examples=4")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -28,11 +28,14 @@ def offline(url, timeout):
     raise corpus.urllib.error.URLError("offline")
 
 
-@pytest.mark.parametrize("field, value, error", [
-    ("data.dir", "nowhere", FileNotFoundError),  # a data dir that does not exist (and cannot be downloaded)
-    ("data.token_budget", 4, ValueError),  # caught by the batching
-    ("model.attention_impl", "cudnn", ValueError),  # caught when the model is built on the CPU
-])
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("data.dir", "nowhere", FileNotFoundError),  # a data dir that does not exist (and cannot be downloaded)
+        ("data.token_budget", 4, ValueError),  # caught by the batching
+        ("model.attention_impl", "cudnn", ValueError),  # caught when the model is built on the CPU
+    ],
+)
 def test_a_failed_start_leaves_no_trace(tmp_path, monkeypatch, field, value, error):
     monkeypatch.setattr(corpus.urllib.request, "urlopen", offline)
     config = tiny_config(2)
@@ -88,16 +91,25 @@ def test_a_loss_too_large_for_its_perplexity_stops_the_run_naming_the_last_good_
     config = tiny_config(3)
     config.eval_every_steps = config.checkpoint_every_steps = 1
     config.eval.bleu_examples = 1
-    with pytest.raises(loop.NonFiniteLoss, match=r"dev loss 50000 at step 2 .*last good checkpoint is step 1 in .*checkpoints"):
+    with pytest.raises(
+        loop.NonFiniteLoss, match=r"dev loss 50000 at step 2 .*last good checkpoint is step 1 in .*checkpoints"
+    ):
         loop.train_and_evaluate(config, tmp_path)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]  # nothing saved after
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [
+        "1"
+    ]  # nothing saved after
     assert sorted(p.name for p in (tmp_path / "best").iterdir() if p.name.isdigit()) == ["1"]
 
 
 def run_train(*flags):
     root = Path(__file__).resolve().parents[3]
-    return subprocess.run([sys.executable, str(root / "train.py"), "--config", str(root / "configs/default.py"), *flags],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(root / "train.py"), "--config", str(root / "configs/default.py"), *flags],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=600,
+    )
 
 
 def test_user_errors_print_one_line_naming_the_field_and_exit_non_zero(tmp_path):
@@ -139,7 +151,10 @@ def test_sigterm_during_the_first_compile_exits_within_seconds(tmp_path):
     flags = tiny_flags(5, **{"model.max_len": 128, "model.dtype": "auto"})  # the default's dtype: its longer compile
     process = subprocess.Popen(
         [sys.executable, str(root / "train.py"), f"--workdir={tmp_path}", *flags],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     for line in process.stderr:  # the parameter count is logged right before the first step compiles
         if "model parameters" in line:
             break
