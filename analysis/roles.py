@@ -129,7 +129,8 @@ def write_table(rows, csv_path: Path, md_path: Path) -> None:
 
 
 def plot_map(rows, path: Path) -> Path:
-    """Layer x head grid per attention kind, coloured by label; each cell names the largest role share and entropy_norm."""
+    """Layer x head grid per attention kind, coloured by label; each cell names the largest role share and
+    entropy_norm."""
     kinds = list(heads.MODULES)
     layers = 1 + max(r["layer"] for r in rows)
     num_heads = 1 + max(r["head"] for r in rows)

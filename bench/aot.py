@@ -98,7 +98,8 @@ def table(reports: dict) -> str:
         )
         rows.append(
             f"| {name} | {r['devices']} ({mesh}) | {batch} | {m['argument']:,.1f} "
-            f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} | {100 * r['hbm_share']:.1f} % "
+            f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} "
+            f"| {100 * r['hbm_share']:.1f} % "
             f"| {flops} | {found} | {r['fusions']} | {r['custom_calls']} | {r['lower_s']:.1f} | {r['compile_s']:.1f} |"
         )
     return "\n".join(rows)
@@ -150,7 +151,8 @@ def _largest_rows(config, target, data: int, model: int) -> dict:
     )
     remat = ", XLA rematerialising nothing" if flags.FLAGS.without_remat else ""
     print(
-        f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB{remat} (XLA refusing it: does not fit)",
+        f"train step, rows in multiples of {granularity}; fits: needs <= {share} GiB{remat} "
+        "(XLA refusing it: does not fit)",
         flush=True,
     )
 

@@ -125,7 +125,8 @@ def torch_version(torch_python):
 
 def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
     print(
-        "| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch | fwd+bwd vs torch |"
+        "| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch "
+        "| fwd+bwd vs torch |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for shape in shapes:
@@ -133,7 +134,8 @@ def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
         for causal in (False, True):
             if "auto" not in names:
                 print(
-                    f"| {', '.join(map(str, shape))} | {causal} | impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |"
+                    f"| {', '.join(map(str, shape))} | {causal} "
+                    f"| impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |"
                 )
             torch_ms = torch_timings(torch_python, shape, causal, reps, dtype, clock)
             rows = [("reference", None)] + [(n, None) for n in names] + [("blockwise", b) for b in blocks_list]
@@ -152,7 +154,8 @@ def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
                 )
             if torch_ms is not None:
                 print(
-                    f"| {', '.join(map(str, shape))} | {causal} | torch SDPA | {torch_ms[0]:.1f} | {torch_ms[0] / ref[0]:.2f} "
+                    f"| {', '.join(map(str, shape))} | {causal} | torch SDPA | {torch_ms[0]:.1f} "
+                    f"| {torch_ms[0] / ref[0]:.2f} "
                     f"| {torch_ms[1]:.1f} | {torch_ms[1] / ref[1]:.2f} | 1.00 | 1.00 |",
                     flush=True,
                 )

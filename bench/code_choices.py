@@ -20,7 +20,8 @@ for the CPU (`bench.lib.with_fields`), or by `beam_search`'s own switch:
 Rounds alternate the order of the variants (reversed in odd rounds). A ratio is the variant's speed
 over the chosen model's in the same round (above 1: the variant is faster, the choice does not pay),
 median over rounds; results/code_choices.md also keeps the choices deleted after such a sitting.
-Every figure is this process's CPU time (`--clock cpu`), so pin it to a core of its own. The header names the CPU, the releases and the lock (`bench.lib.cpu_description`).
+Every figure is this process's CPU time (`--clock cpu`), so pin it to a core of its own. The header names
+the CPU, the releases and the lock (`bench.lib.cpu_description`).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def main():
     print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}")
     verdict = precision.measure("auto")  # what model.dtype "auto" decides here, by its start-up check
     print(
-        f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
+        f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, "
+        f"bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
         f"-> {verdict['dtype']} (bfloat16 must be {precision.MIN_SPEEDUP}x faster)",
         flush=True,
     )
@@ -127,7 +129,8 @@ def main():
         if key[2] != "as chosen":
             each = [ratio(key, r) for r in range(args.rounds)]
             print(
-                f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)}) |"
+                f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** "
+                f"({', '.join(f'{x:.3f}' for x in each)}) |"
             )
     if {"float32", "bfloat16"} <= set(args.dtypes) and "train" in args.workloads:  # the check's verdict, end to end
         each = [

@@ -1,7 +1,7 @@
 """Programs one Table 3 preset run compiles, read from the run's own "programs compiled" log line.
 
     MULTI30K_DIR=... taskset -c 0 python -m bench.compile_count             # the preset as committed (buckets)
-    MULTI30K_DIR=... taskset -c 0 python -m bench.compile_count --packed    # the packed variant (configs/table3_preset.py)
+    MULTI30K_DIR=... taskset -c 0 python -m bench.compile_count --packed    # the packed variant (table3_preset.py)
 
 A preset run with the preset's structure (bucket lengths or packed rows, token budget, ten dev
 evaluations with greedy BLEU, bfloat16, row-major matmuls) and the preset's own vocabulary (8,000

@@ -81,7 +81,8 @@ def main():
         f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n"
     )
     print(
-        "| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied | copied / donated |"
+        "| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied "
+        "| copied / donated |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     layers = [

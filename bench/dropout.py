@@ -68,7 +68,8 @@ def main():
                     times[name].append((now() - start) * 1e3 / args.calls)
             flax_ms, ours_ms = (statistics.median(times[name]) for name in sides)
             print(
-                f"| {size} | {shape[0]} x {shape[1]} | {dtype} | {flax_ms:.2f} | {ours_ms:.2f} | {ours_ms / flax_ms:.2f} |",
+                f"| {size} | {shape[0]} x {shape[1]} | {dtype} | {flax_ms:.2f} | {ours_ms:.2f} "
+                f"| {ours_ms / flax_ms:.2f} |",
                 flush=True,
             )
 

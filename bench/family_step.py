@@ -104,7 +104,8 @@ def main():
             rates[m].append(tokens / float(counts @ np.array(seconds)))
         for m in args.members:
             print(
-                f"| {r} | {m} | {tokens / rates[m][-1]:.1f} | {rates[m][-1]:,.0f} | {rates[m][-1] / rates['softmax'][-1]:.2f}x |",
+                f"| {r} | {m} | {tokens / rates[m][-1]:.1f} | {rates[m][-1]:,.0f} "
+                f"| {rates[m][-1] / rates['softmax'][-1]:.2f}x |",
                 flush=True,
             )
     print("\n| attention_type | target tokens/s (median) | vs softmax (median of rounds) |")

@@ -1,6 +1,7 @@
 """Time Flax examples/wmt's own beam search (`predict_step`) on synthetic source batches.
 
-    python -m bench.flax_wmt_decode --wmt_dir WMT --batch 20 --max_len 64 --batches 3   (WMT: a snapshot of Flax's examples/wmt)
+    python -m bench.flax_wmt_decode --wmt_dir WMT --batch 20 --max_len 64 --batches 3
+    (WMT: a snapshot of Flax's examples/wmt)
 
 Run from the repository root by bench/peer_decode.py under the peer's interpreter; where the
 example's tensorflow, clu or input_pipeline imports fail, empty modules stand in for them
@@ -43,7 +44,7 @@ def source_batch(rng, rows, length, eos_id, mean=16.0, sd=5.7):
     return out, lens
 
 
-def main():
+def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wmt_dir", required=True)
     p.add_argument("--batch", type=int, default=20, help="source rows per batch (per device)")
@@ -55,8 +56,11 @@ def main():
     p.add_argument("--dtype", default=None, help="override train.preferred_dtype (float32 on CPU)")
     p.add_argument("--label", default="")
     p.add_argument("--toy", action="store_true", help="a toy model instead of the small one (a dry run)")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main():
+    args = _parse_args()
     (train, models, decode, default), stubbed = import_flax_example(
         args.wmt_dir, ("train", "models", "decode", "configs.default")
     )

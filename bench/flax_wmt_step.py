@@ -76,7 +76,7 @@ def packed_batch(rng, rows, length=PEER_LENGTH, vocab=VOCAB, per_row=3, fill=0.7
     return out
 
 
-def main():
+def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wmt_dir", required=True)
     p.add_argument("--size", choices=list(PEER_SIZES), required=True)
@@ -93,17 +93,14 @@ def main():
         "--target_config", default="", help="compile for this GPU target config instead of running (see above)"
     )
     p.add_argument("--hlo_out", default="", help="with --target_config: write the compiled HLO text here")
-    args = p.parse_args()
+    return p.parse_args()
 
-    (train, models, default), stubbed = import_flax_example(args.wmt_dir, ("train", "models", "configs.default"))
 
-    import jax
+def _model_configs(args, models, default):
+    """The example's config (configs/default.py with this run's vocabulary, rows, dropout and size) and the
+    train and eval TransformerConfigs as its `train_and_evaluate` builds them: (cfg, rows, train, eval)."""
     import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import jax_utils
     from flax import linen as nn
-    from flax.training import common_utils
 
     cfg = default.get_config()
     size = PEER_SIZES[args.size]
@@ -114,7 +111,6 @@ def main():
     cfg.attention_dropout_rate = args.attention_dropout
     for k, v in size.items():
         cfg[k] = v
-    n_dev = jax.local_device_count()
 
     # --- as train_and_evaluate builds them ---
     train_config = models.TransformerConfig(
@@ -137,6 +133,22 @@ def main():
         bias_init=nn.initializers.normal(stddev=1e-6),
     )
     eval_config = train_config.replace(deterministic=True)
+    return cfg, rows, train_config, eval_config
+
+
+def main():
+    args = _parse_args()
+    (train, models, default), stubbed = import_flax_example(args.wmt_dir, ("train", "models", "configs.default"))
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import jax_utils
+    from flax.training import common_utils
+
+    cfg, rows, train_config, eval_config = _model_configs(args, models, default)
+    n_dev = jax.local_device_count()
     if args.target_config:
         return compile_for_gpu(args, train, models, train_config, eval_config, cfg, rows, stubbed)
     rng = jax.random.key(cfg.seed)

@@ -5,8 +5,9 @@
 
 DATA: Multi30k (training/data/corpus.py); WMT: a snapshot of Flax's examples/wmt, or FLAX_GIT_DIR=a
 google/flax git dir instead (the peer; without it the peer's parts say so and are skipped; its
-TensorFlow and clu imports are always stubbed, see bench.lib.import_flax_example). What to carry onto an image that lacks this project's other
-dependencies: docs/benchmarks.md, "The GPU report". Parts, each in its own section headed with its
+TensorFlow and clu imports are always stubbed, see bench.lib.import_flax_example). What to carry onto an
+image that lacks this project's other dependencies: docs/benchmarks.md, "The GPU report". Parts, each
+in its own section headed with its
 wall and CPU seconds (this process's and its children's; a part that fails reports its error and
 the others still run; `--parts` picks some):
 
@@ -118,7 +119,10 @@ def kernel_table(title: str, kernels) -> str:
         f"| {i} | `{name[:80]}` | {ms:.3f} | {calls} | {ms / total:.0%} |\n"
         for i, (name, ms, calls) in enumerate(kernels, 1)
     )
-    return f"{title} (3 traced steps; share of these ten):\n\n| # | kernel | ms | calls | share |\n|---:|---|---:|---:|---:|\n{rows}"
+    return (
+        f"{title} (3 traced steps; share of these ten):\n\n| # | kernel | ms | calls | share |\n"
+        f"|---:|---|---:|---:|---:|\n{rows}"
+    )
 
 
 # --- the parts ------------------------------------------------------------------------------------
@@ -171,13 +175,15 @@ def part_attention(args) -> str:
     head = " | ".join(f"{impl} µs" for impl in impls)
     return (
         f"Forward+backward, bfloat16, µs a call ({args.calls} calls queued, one wait). torch: "
-        f"{torch_us.get('version', 'not importable or no CUDA')}.\n\n| B, N, heads, d | causal | {head} | torch SDPA µs | "
+        f"{torch_us.get('version', 'not importable or no CUDA')}.\n\n"
+        f"| B, N, heads, d | causal | {head} | torch SDPA µs | "
         f"{impls[0]} / torch |\n|---|---|{'---:|' * len(impls)}---:|---:|\n" + "\n".join(rows) + "\n"
     )
 
 
 def _torch_sdpa(shapes, calls) -> dict:
-    """torch SDPA forward+backward µs per (B, N, H, D, causal), CUDA events over `calls` calls; {} without torch/CUDA."""
+    """torch SDPA forward+backward µs per (B, N, H, D, causal), CUDA events over `calls` calls; {} without
+    torch/CUDA."""
     try:
         import torch
     except ImportError:
@@ -261,7 +267,8 @@ def part_train_step(args) -> str:
                 ratios[size].append(o["useful_tok_s"] / p["useful_tok_s"])
                 text.append(
                     f"| {r + 1} | {size} | {o['step_s'] * 1e3:.1f} | {o['useful_tok_s']:,.0f} | {o['fill']:.2f} | "
-                    f"{p['median_s'] * 1e3:.1f} | {p['useful_tok_s']:,.0f} | {p['target_nonpad']:.2f} | {ratios[size][-1]:.2f} |"
+                    f"{p['median_s'] * 1e3:.1f} | {p['useful_tok_s']:,.0f} | {p['target_nonpad']:.2f} "
+                    f"| {ratios[size][-1]:.2f} |"
                 )
             with jax.profiler.trace(ours_dir, create_perfetto_trace=True):
                 shape = max(ours.counts, key=ours.counts.get)
@@ -277,8 +284,10 @@ def part_train_step(args) -> str:
     )
     return (
         f"{args.dtype} both sides, {rows} rows x 64 slots a step, rounds alternate which side goes first; ours on "
-        "Multi30k's packed rows (the default config), the peer on its synthetic packed rows; useful = non-padding target tokens.\n\n"
-        "| round | size | ours ms | ours useful tok/s | ours fill | peer ms | peer useful tok/s | peer fill | ours / peer |\n"
+        "Multi30k's packed rows (the default config), the peer on its synthetic packed rows; "
+        "useful = non-padding target tokens.\n\n"
+        "| round | size | ours ms | ours useful tok/s | ours fill | peer ms | peer useful tok/s | peer fill "
+        "| ours / peer |\n"
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
         + "\n".join(text)
         + "\n\n| size | rounds | useful tok/s, ours / peer, median (each) |\n|---|---:|---:|\n"
@@ -345,7 +354,8 @@ def part_preset(args) -> str:
             ),
             ("of it the rest (data, vocabulary, initialisation, checkpoints)", split["rest_s"]),
             (
-                f"test split, beam 4 ({score.get('sentences', 'all')} sentences; load, {'' if args.dry_run else 'loss, '}decoding)",
+                f"test split, beam 4 ({score.get('sentences', 'all')} sentences; "
+                f"load, {'' if args.dry_run else 'loss, '}decoding)",
                 decode_s,
             ),
             ("of it compiling (XLA)", decode_compile_s),
@@ -499,7 +509,8 @@ def main(argv=None):
     args.wmt_dir = flax_wmt_dir(args.wmt_dir)
     args.calls = args.calls or (3 if args.dry_run else 100)
     args.rounds = args.rounds or (1 if args.dry_run else 2)
-    # the peer parts' dtype: float32 in a dry run, whose CPU has no fast bfloat16 path for the peer (a toy step took 1 s)
+    # the peer parts' dtype: float32 in a dry run, whose CPU has no fast bfloat16 path for the peer
+    # (a toy step took 1 s)
     args.dtype = "float32" if args.dry_run else "bfloat16"
     if args.dry_run:  # toy programs: their time is compiling, which LLVM's -O0 halves (as tests/conftest.py does)
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
@@ -508,7 +519,8 @@ def main(argv=None):
     sections = [
         f"# The GPU report\n\nWritten by `python -m bench.gpu_report{' --dry_run' if args.dry_run else ''}` "
         f"on {time.strftime('%Y-%m-%d', time.gmtime())}: {jax.device_count()} x {device.device_kind} "
-        f"({jax.default_backend()}), jax {jax.__version__}.{' A dry run: toy sizes, no figure means anything.' if args.dry_run else ''}\n"
+        f"({jax.default_backend()}), jax {jax.__version__}."
+        f"{' A dry run: toy sizes, no figure means anything.' if args.dry_run else ''}\n"
     ]
     parts = {
         "suite": part_suite,

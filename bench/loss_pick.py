@@ -79,7 +79,8 @@ def main(argv=None):
     got = {name: np.asarray(g(logits)) for name, g in grads.items()}
     print(cpu_description())
     print(
-        f"median of {args.rounds} alternating rounds (each the median of {args.reps} calls, CPU time); largest difference "
+        f"median of {args.rounds} alternating rounds (each the median of {args.reps} calls, CPU time); "
+        "largest difference "
         f"between the two loss gradients {np.abs(got['masked sum'] - got['gather']).max():.1e}"
     )
     print("| workload | masked sum ms | gather ms | masked sum / gather |\n|---|---:|---:|---:|")

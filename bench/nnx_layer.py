@@ -70,7 +70,8 @@ def train_pair(batch=4, length=256, width=256, mode="graph"):
 
 
 def decode_pair(batch=8, length=1024, width=512, pure=False, graph=None):
-    """(nnx_fn, linen_fn): one jitted, cache-donated decode step each, cache index from length // 2 on (a few dozen steps).
+    """(nnx_fn, linen_fn): one jitted, cache-donated decode step each, cache index from length // 2 on (a few
+    dozen steps).
 
     `pure`: the NNX cache crosses the jit boundary as a plain dict (`nnx.to_pure_dict`) instead
     of an `nnx.State`, whose per-call flattening costs tens of microseconds on a ~1 ms step.

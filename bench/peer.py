@@ -61,7 +61,8 @@ def peer_flops(ours: Ours, rows: int) -> float:
     return ours.flops_of(as_arrays(synthetic_batch(rows, PEER_LENGTH, VOCAB)))
 
 
-def main():
+def _parse_args() -> argparse.Namespace:
+    """The command line, with --wmt_dir resolved (`flax_wmt_dir`); exits where no snapshot is found."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)"
@@ -99,6 +100,11 @@ def main():
     args.wmt_dir = flax_wmt_dir(args.wmt_dir)
     if not args.wmt_dir:
         parser.error("no snapshot of Flax's examples/wmt: pass --wmt_dir or set FLAX_WMT_DIR or FLAX_GIT_DIR")
+    return args
+
+
+def main():
+    args = _parse_args()
     variants = dict(parse_variant(v) for v in args.variant or ["default:"])
     ours_rows = [(v, d) for v in variants for d in args.dtypes]
 
@@ -119,7 +125,8 @@ def main():
     peer_model_flops = {s: peer_flops(ours[(s, *ours_rows[0])], SIZES[s][1]) for s in args.sizes}
 
     print(
-        "\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | shapes | MFU | useful vs peer | slot vs peer |"
+        "\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | shapes | MFU "
+        "| useful vs peer | slot vs peer |"
     )
     print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios = defaultdict(list)
@@ -136,7 +143,8 @@ def main():
                         results[v, d] = ours[size, v, d].epoch_rates(args.clock)
             peer = results["peer"]
             row = lambda side, d, step, slot, useful, fill, shapes, mfu, extra: print(
-                f"| {r + 1} | {size} | {side} | {d} | {step:.3f} | {slot:,.0f} | {useful:,.0f} | {fill:.3f} | {shapes} | {mfu:.0%} | {extra} |",
+                f"| {r + 1} | {size} | {side} | {d} | {step:.3f} | {slot:,.0f} | {useful:,.0f} | {fill:.3f} "
+                f"| {shapes} | {mfu:.0%} | {extra} |",
                 flush=True,
             )
             row(
@@ -165,6 +173,13 @@ def main():
                     o["flop_s"] / rates[d],
                     f"{useful:.2f} | {slot:.2f}",
                 )
+    _print_ratios(ratios)
+    if args.matmul_share:
+        _print_matmul_share(ours, args.clock)
+
+
+def _print_ratios(ratios: dict) -> None:
+    """The rounds' ours-vs-peer ratios, one row per size, variant and dtype: their median and each."""
     print(
         "\n| size | ours | dtype | rounds | useful tok/s vs peer, median (each) | slot tok/s vs peer, median (each) |"
     )
@@ -176,18 +191,23 @@ def main():
             f"| {size} | {v} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
             f"{statistics.median(slot):.2f} ({each(slot)}) |"
         )
-    if args.matmul_share:
+
+
+def _print_matmul_share(ours: dict, clock: str) -> None:
+    """Each of our steps profiled: its dots timed alone against the whole step."""
+    print(
+        "\n| size | ours | dtype | shape | step s | its dots alone, s | dots | dot share | dot GFLOP/s "
+        "| rest of the step, s |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for (size, v, d), o in ours.items():
+        p = o.matmul_share(clock)
         print(
-            "\n| size | ours | dtype | shape | step s | its dots alone, s | dots | dot share | dot GFLOP/s | rest of the step, s |"
+            f"| {size} | {v} | {d} | {p['shape'][0]} x {p['shape'][1]} | {p['step_s']:.3f} | {p['dots_s']:.3f} "
+            f"| {p['dots']} | "
+            f"{p['dots_s'] / p['step_s']:.0%} | {p['dot_flop_s'] / 1e9:.0f} | {p['step_s'] - p['dots_s']:.3f} |",
+            flush=True,
         )
-        print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
-        for (size, v, d), o in ours.items():
-            p = o.matmul_share(args.clock)
-            print(
-                f"| {size} | {v} | {d} | {p['shape'][0]} x {p['shape'][1]} | {p['step_s']:.3f} | {p['dots_s']:.3f} | {p['dots']} | "
-                f"{p['dots_s'] / p['step_s']:.0%} | {p['dot_flop_s'] / 1e9:.0f} | {p['step_s'] - p['dots_s']:.3f} |",
-                flush=True,
-            )
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ def main(argv=None):
     for side in found.values():
         side["profile"] = kernels.profile(side.pop("hlo"), rates)
     print(
-        f"{args.size}, {args.dtype}, {args.rows} x {PEER_LENGTH} slots a step, train step compiled for {target.name} on this "
+        f"{args.size}, {args.dtype}, {args.rows} x {PEER_LENGTH} slots a step, "
+        f"train step compiled for {target.name} on this "
         f"CPU (deviceless: before autotuning); roofline: bandwidth {rates.bandwidth / 1e12:.2f} TB/s, bf16 matrix "
         f"{rates.matrix_flops['bf16'] / 1e12:.0f} TFLOP/s, f32 {rates.matrix_flops['f32'] / 1e12:.0f}{releases()}"
     )

@@ -1,14 +1,16 @@
 """Beam-4 decoding against Flax examples/wmt's own beam search, side by side on one core, in sentences/s.
 
-    taskset -c 1 python -m bench.peer_decode --peer_python PEER_PY --wmt_dir WMT    (results/peer.md; WMT as bench/peer.py's)
+    taskset -c 1 python -m bench.peer_decode --peer_python PEER_PY --wmt_dir WMT
+    (results/peer.md; WMT as bench/peer.py's)
 
 Same work on both sides: the small model (3+3 layers, width 256, 4 heads, MLP 1024, 8k vocabulary,
 random weights), batches of `--batch` sources, beam 4, alpha 0.6, `--steps` decode steps. The peer
 is `bench/flax_wmt_decode.py` in its own interpreter (the example's `predict_step` and
 `decode.beam_search`, pmapped as its loop does, EOS disabled so every step runs; its
 max_predict_length is steps + 1). Ours is `models.beam_search`, jitted as the `translate` path
-jits it (`bench.lib.OursDecode`), on test_2016_flickr's German sources in order, each batch padded to the bucket of its longest
-(as `training.evaluation.translate` pads it), `max_len` = steps. A random model has no reason to
+jits it (`bench.lib.OursDecode`), on test_2016_flickr's German sources in order, each batch padded to
+the bucket of its longest (as `training.evaluation.translate` pads it), `max_len` = steps. A random
+model has no reason to
 end its beams (EOS is 1 of 8000 tokens, and stopping early needs 4 ended beams in every row),
 so ours runs every step too; the rows whose best beam holds an EOS are counted to show it.
 The peer pads every source to 64, as the example pads its predict set to max_predict_length;
@@ -92,7 +94,8 @@ def main():
     print(cpu_description())
     print(
         f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}; batch {args.batch}, beam {args.beam}, "
-        f"{args.steps} steps; ours: test_2016_flickr sources 1-{len(src_ids)} (mean {np.mean([len(s) for s in src_ids]):.1f} "
+        f"{args.steps} steps; ours: test_2016_flickr sources 1-{len(src_ids)} "
+        f"(mean {np.mean([len(s) for s in src_ids]):.1f} "
         f"tokens, padded to {args.pad_to or 'their bucket'}), rows whose best beam holds EOS: "
         + ", ".join(f"{d} {o.rows_with_eos}/{o.rows}" for d, o in ours.items())
     )

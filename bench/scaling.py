@@ -93,9 +93,11 @@ def cpu_tables(args):
     for kv_heads, shard_embeddings in args.variants:
         heads = SIZES[args.size][0]["num_heads"]
         rows += [
-            f"### {heads} query heads, {kv_heads or heads} K/V heads, embeddings {'split over model' if shard_embeddings else 'replicated'}",
+            f"### {heads} query heads, {kv_heads or heads} K/V heads, "
+            f"embeddings {'split over model' if shard_embeddings else 'replicated'}",
             "",
-            "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather | reduce-scatter | other | total MB | vs model=1 |",
+            "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather "
+            "| reduce-scatter | other | total MB | vs model=1 |",
             "|---:|---|---:|---:|---|---|---|---|---:|---:|",
         ]
         reference = {}
@@ -122,7 +124,8 @@ def cpu_tables(args):
         total = sum(b for _, b in found.values())
         rows += [
             f"pmap over {len(devices)} devices (parallelism='pmap', MHA): all-reduce {found['all-reduce'][0]} ops / "
-            f"{found['all-reduce'][1] / 2**20:.2f} MB, all collectives {total / 2**20:.2f} MB, state {state_bytes / 2**20:.1f} MB / device",
+            f"{found['all-reduce'][1] / 2**20:.2f} MB, all collectives {total / 2**20:.2f} MB, "
+            f"state {state_bytes / 2**20:.1f} MB / device",
             "",
         ]
     return "\n".join(rows)
@@ -152,7 +155,8 @@ def gpu_table(args):
     results = {impl: seconds(impl) for impl in ("xla", "cudnn")}
     tokens = args.gpu_rows * args.length
     lines = [
-        f"jax {jax.__version__}, {device.device_kind}; base size, bfloat16 compute, batch {args.gpu_rows} x {args.length}",
+        f"jax {jax.__version__}, {device.device_kind}; base size, bfloat16 compute, "
+        f"batch {args.gpu_rows} x {args.length}",
         "",
         "| attention | step ms | target tokens/s | vs xla |",
         "|---|---:|---:|---:|",

@@ -67,7 +67,8 @@ def main():
     )
     print(
         "| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy steps | beam-4 steps "
-        "| greedy ms/step | beam-4 ms/step | greedy tok/s vs first | beam-4 tok/s vs first | greedy ms/step vs first | beam-4 ms/step vs first |"
+        "| greedy ms/step | beam-4 ms/step | greedy tok/s vs first | beam-4 tok/s vs first | greedy ms/step vs first "
+        "| beam-4 ms/step vs first |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sources = [run.vocab.encode(list(dev.src[: args.rows])) for run in runs]
@@ -100,7 +101,8 @@ def main():
             cells += [f"{own[('ms/step', name)]:.2f}" for name in BEAMS]
             cells += [f"{ratio:.2f}" for ratio in vs.values()]
             print(
-                f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} | {m['kv_cache_bytes_per_token']:,.0f} | "
+                f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} "
+                f"| {m['kv_cache_bytes_per_token']:,.0f} | "
                 f"{' | '.join(cells)} |",
                 flush=True,
             )

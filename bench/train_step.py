@@ -28,7 +28,8 @@ from training.core import step as step_lib
 
 
 def bench(size: str, dtype: str, reps: int):
-    """(parameters, rows, length, median step seconds, XLA's FLOPs a step, the reference's steps/s) at `size`, `dtype`."""
+    """(parameters, rows, length, median step seconds, XLA's FLOPs a step, the reference's steps/s) at `size`,
+    `dtype`."""
     sizes, rows, length, ref_steps = SIZES[size]
     config = TransformerConfig(
         vocab_size=VOCAB,
@@ -71,7 +72,8 @@ def main():
         + "\n"
     )
     print(
-        "| size | params | compute dtype | batch (rows x len) | step s | target slot tokens/s | steps/s vs reference | GFLOP/step | MFU |"
+        "| size | params | compute dtype | batch (rows x len) | step s | target slot tokens/s | steps/s vs reference "
+        "| GFLOP/step | MFU |"
     )
     print("|---|---:|---|---|---:|---:|---:|---:|---:|")
     for size in args.sizes:

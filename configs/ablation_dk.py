@@ -17,10 +17,9 @@ SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = (D_V // 4, D_V // 2, D_V)
 SWEEP_REFERENCE = D_V  # d_k = d_v: the h = 8 point of rows A
 SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
-SWEEP_SHARED_REFERENCE = (
-    "heads",
-    8,
-)  # the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied, not retrained
+# the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied,
+# not retrained
+SWEEP_SHARED_REFERENCE = ("heads", 8)
 
 
 @table3_preset.takes_packed

@@ -31,7 +31,8 @@ OPTIONS = {
     "softmax": "",
     "bigbird": "block_size=2,window_blocks=1,global_blocks=1,random_blocks=1",  # 5 blocks: 10 keys a query
     "lsh": "num_buckets=4,chunk_length=4,num_hashes=2",  # a chunk of 4 and the one before: 8 keys a round
-    "linformer": "projected_length=16",  # keys projected to 16 rows; max_length stays 256 = model.max_len, the longest input
+    # keys projected to 16 rows; max_length stays 256 = model.max_len, the longest input
+    "linformer": "projected_length=16",
     "performer": "",  # m = round(d_k ln d_k) = 111 random features, the paper's choice
     "entmax": "",  # α starts at 1.5 in every head and is learned
     "span": "max_span=32,ramp=8",  # spans start at 32 and are learned

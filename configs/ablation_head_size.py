@@ -26,7 +26,8 @@ SHAPES = {"h8_dk32": (8, 32), "h8_dk8": (8, 8), "h32_dk8": (32, 8), "h32_dk16": 
 SWEEP_VALUES = tuple(SHAPES)
 SWEEP_REFERENCE = "h8_dk32"
 SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
-# h8_dk32 and h32_dk8 are rows A's h = 8 and h = 32, config for config (tests/sweeps/test_sweep_config.py): their seeds are copied
+# h8_dk32 and h32_dk8 are rows A's h = 8 and h = 32, config for config (tests/sweeps/test_sweep_config.py):
+# their seeds are copied
 SWEEP_SHARED = {"h8_dk32": ("heads", 8), "h32_dk8": ("heads", 32)}
 SWEEP_CONTRASTS = (  # (label, from, to): results/head_size.md's decomposition of rows A's h = 8 -> 32
     ("more heads at a fixed head size", "h8_dk8", "h32_dk8"),

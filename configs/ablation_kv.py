@@ -15,10 +15,9 @@ SWEEP_TEST_SPLIT = "test_2016_flickr"
 SWEEP_VALUES = (8, 4, 2, 1)
 SWEEP_REFERENCE = 8
 SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
-SWEEP_SHARED_REFERENCE = (
-    "heads",
-    8,
-)  # the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied, not retrained
+# the reference is the same run as rows A's h = 8 (tests/sweeps/test_sweep_config.py): its seeds are copied,
+# not retrained
+SWEEP_SHARED_REFERENCE = ("heads", 8)
 
 
 @table3_preset.takes_packed

@@ -1,7 +1,8 @@
 """Transformer-big (Vaswani et al. 2017) on WMT14 en->de: d_model 1024, 16 heads, d_ff 4096, dropout 0.3.
 
     python train.py --config configs/big.py --workdir runs/big
-    python train.py --config configs/big.py --workdir runs/big --config.mesh.data=-1 --config.mesh.model=4  # heads over 4 devices
+    python train.py --config configs/big.py --workdir runs/big --config.mesh.data=-1 --config.mesh.model=4
+        # heads over 4 devices
 
 Multi-host (TPU pod slice, SLURM): the same command on every process, see docs/distributed.md.
 """

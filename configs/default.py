@@ -59,7 +59,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.scale_out_init = False  # W^O init / sqrt(2 num_layers)
     config.model.attention_bias = True  # biases on the attention's q/k/v/out projections
     config.model.max_len = 256
-    config.model.dtype = "auto"  # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster (training/core/precision.py)
+    # compute dtype: 'float32', 'bfloat16' (params stay float32), 'auto': bfloat16 where it measured faster
+    # (training/core/precision.py)
+    config.model.dtype = "auto"
     config.model.attention_impl = "vmap"
     config.model.attention_type = (
         "softmax"  # or a member of attention.family.ATTENTION_TYPES: linformer, performer, entmax, span, mla, ...
@@ -87,7 +89,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval.bleu_examples = 500  # dev sentences translated for the periodic BLEU (0: all)
     config.eval.alpha = 0.6  # length penalty exponent
     config.eval.max_extra_length = 50  # output length limit = source length + this
-    config.eval.lengths = ()  # fixed lengths dev batches and decoded sources are padded to, one compile each (): the buckets
+    # fixed lengths dev batches and decoded sources are padded to, one compile each (): the buckets
+    config.eval.lengths = ()
 
     config.parallelism = "jit"  # 'jit': the step jitted over the mesh below; 'pmap': data parallel over local devices
     config.mesh = ml_collections.ConfigDict()

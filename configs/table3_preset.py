@@ -20,8 +20,9 @@ D_MODEL = 256  # d_model of every point: rows A split it over h heads, rows B fi
 PACK_LENGTH = 64  # the packed variant's row length (as configs/default.py packs): one training shape
 EVAL_LENGTHS = (64,)  # the packed variant's fixed evaluation lengths (model.max_len added): Multi30k's dev set fits 64
 PACKED = "packed"  # the config argument's item that selects `pack` (configs/ablation_heads.py:h=8,packed)
-# what a Table 3 sweep config's SWEEP_VARIANTS names: `sweep.py --config configs/ablation_heads.py:packed` runs every point
-# with ",packed" added to its argument, stored as SWEEP_NAME + "_packed" (packed points compare with packed points only)
+# what a Table 3 sweep config's SWEEP_VARIANTS names: `sweep.py --config configs/ablation_heads.py:packed` runs
+# every point with ",packed" added to its argument, stored as SWEEP_NAME + "_packed" (packed points compare with
+# packed points only)
 SWEEP_VARIANTS = (PACKED,)
 NUM_TRAIN_STEPS = 4000  # see the docstring and results/plateau/ (about 7.6 epochs of Multi30k at 1024 slots a batch)
 

@@ -1,8 +1,9 @@
 """Multi-query associative recall at long N: which attention-family member can still find a key anywhere in the row.
 
     taskset -c 1 python -m experiments.associative_recall   # results/attention_family.md (N = 512)
-    taskset -c 1 python -m experiments.associative_recall --length 2048   # the long setting, ~2 h a member on one CPU core
-    taskset -c 1 python -m experiments.associative_recall --length 128 --steps 20 --types softmax performer   # a smoke run
+    taskset -c 1 python -m experiments.associative_recall --length 2048   # the long setting, ~2 h a member on one core
+    taskset -c 1 python -m experiments.associative_recall --length 128 --steps 20 --types softmax performer
+        # a smoke run
 
 The task (multi-query associative recall, after Arora et al. 2023, "Zoology"), generated on the
 fly: a row of N tokens holds P pair tokens, each storing one (key, value) binding (distinct keys),
@@ -34,7 +35,8 @@ from experiments.lib import evaluate, final_loss, fit, member_encoder, member_op
 
 
 def vocabulary(num_keys: int, num_values: int, num_noise: int) -> dict:
-    """Token ids: keys 1..K (the queries), values K+1..K+V (the answers), one token per (key, value) pair, then noise; 0 is never drawn."""
+    """Token ids: keys 1..K (the queries), values K+1..K+V (the answers), one token per (key, value) pair, then
+    noise; 0 is never drawn."""
     keys = np.arange(1, num_keys + 1)
     values = np.arange(num_keys + 1, num_keys + num_values + 1)
     pair_base = num_keys + num_values + 1

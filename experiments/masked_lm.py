@@ -47,7 +47,8 @@ def token_stream(vocab, sentences) -> np.ndarray:
 
 
 def mask_rows(rng: np.random.Generator, rows: np.ndarray, rate: float, mask_id: int):
-    """(tokens with `round(rate * N)` positions a row set to `mask_id`, the original rows as targets, the masked positions)."""
+    """(tokens with `round(rate * N)` positions a row set to `mask_id`, the original rows as targets, the masked
+    positions)."""
     num_rows, length = rows.shape
     masked = np.zeros(rows.shape, bool)
     count = max(1, round(rate * length))
@@ -172,7 +173,8 @@ def main():
         f"mask rate {args.mask_rate}, seed {args.seed}\n"
     )
     print(
-        "| attention | val masked PPL | val accuracy | test masked PPL | test accuracy | final train loss | train CPU s |"
+        "| attention | val masked PPL | val accuracy | test masked PPL | test accuracy | final train loss "
+        "| train CPU s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, options in settings.items():

@@ -127,7 +127,8 @@ class Checkpoints:
                 return state, step
             where = f"moved to {Path(self.latest.directory) / DAMAGED}" if not self.read_only else "left in place"
             raise NoIntactCheckpoint(
-                f"every checkpoint in {self.latest.directory} is damaged (steps {', '.join(map(str, sorted(unreadable)))}, "
+                f"every checkpoint in {self.latest.directory} is damaged "
+                f"(steps {', '.join(map(str, sorted(unreadable)))}, "
                 f"{where}); nothing to resume from: pass --restart to start over (the old run is moved aside) "
                 "or use a new --workdir"
             )
@@ -183,7 +184,8 @@ class Checkpoints:
 
 @jax.jit
 def checksums(tree):
-    """One uint32 per array: its bits (as unsigned ints) weighted by an odd multiple of their position, summed mod 2^32."""
+    """One uint32 per array: its bits (as unsigned ints) weighted by an odd multiple of their position, summed
+    mod 2^32."""
 
     def one(x):
         bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize]).reshape(-1).astype(jnp.uint32)

@@ -286,7 +286,8 @@ def format_options(options) -> str:
     )
 
 
-# `config.model` fields written as text, read into the model's value by the first function and written back by the second.
+# `config.model` fields written as text, read into the model's value by the first function and written back by
+# the second.
 AS_TEXT = {"attention_options": (parse_options, format_options)}
 
 
@@ -301,7 +302,8 @@ def _as_text(name: str, value):
 def build_model(
     config: ml_collections.ConfigDict, vocab, dtype: str | None = None, platform: str | None = None
 ) -> Transformer:
-    """The model a run's config describes, sized to the vocabulary it trained (or loaded); dtype and platform as `model_config`'s."""
+    """The model a run's config describes, sized to the vocabulary it trained (or loaded); dtype and platform as
+    `model_config`'s."""
     return Transformer(model_config(config, vocab.vocab_size(), dtype, platform))
 
 
@@ -316,7 +318,8 @@ def check_max_len(config: ml_collections.ConfigDict) -> None:
         "model.max_len",
         config.model.max_len,
         isinstance(config.model.max_len, int) and config.model.max_len >= longest,
-        f"an int >= {longest}, the longest training row ({'data.pack_length' if pack else 'the largest data.bucket_lengths'})",
+        f"an int >= {longest}, the longest training row "
+        f"({'data.pack_length' if pack else 'the largest data.bucket_lengths'})",
     )
 
 

@@ -73,5 +73,8 @@ import training._private
         "line 9: imports the private name models.decoding._gather_cache",
         "line 10: imports the private name training._private",
     ]
-    good = "import bench.lib\nfrom bench import lib\nfrom bench.lib import SIZES\nfrom experiments.lib import fit\nimport jax\n"
+    good = (
+        "import bench.lib\nfrom bench import lib\nfrom bench.lib import SIZES\nfrom experiments.lib import fit\n"
+        "import jax\n"
+    )
     assert import_problems(good, "experiments") == []

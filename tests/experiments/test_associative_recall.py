@@ -1,4 +1,5 @@
-"""experiments.associative_recall's task generator: every query's target is the value stored in the pair token of its key."""
+"""experiments.associative_recall's task generator: every query's target is the value stored in the pair token of
+its key."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""experiments.masked_lm's data (streams, rows, masks) and experiments.lib's scoring, against hand-worked values and NumPy."""
+"""experiments.masked_lm's data (streams, rows, masks) and experiments.lib's scoring, against hand-worked values and
+NumPy."""
 
 import jax
 import numpy as np

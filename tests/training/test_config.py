@@ -1,4 +1,5 @@
-"""config.model -> models.TransformerConfig: read by field name, old workdirs' config.json files still load, typos refused."""
+"""config.model -> models.TransformerConfig: read by field name, old workdirs' config.json files still load, typos
+refused."""
 
 import dataclasses
 import json

@@ -2,8 +2,8 @@
 
 `training.config.model_config(..., platform=)` passes the platform to `backends.model_hooks`, resolves
 `model.dtype = "auto"` for it (bfloat16 without measuring this host, for an accelerator), and the
-Table 3 preset's `model.matmul = "auto"` is the row-major product on the CPU and XLA's dots off it. Lowered for "tpu" and
-"cuda" (`jax.export`, no accelerator needed) the train step's StableHLO holds no XLA:CPU hook: no
+Table 3 preset's `model.matmul = "auto"` is the row-major product on the CPU and XLA's dots off it. Lowered for
+"tpu" and "cuda" (`jax.export`, no accelerator needed) the train step's StableHLO holds no XLA:CPU hook: no
 optimisation barrier (cache writes, row-major transposes), dense dots in the compute dtype.
 """
 

@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Top to bottom; the units of one layer do not import each other.
 LAYERS = (
-    (
-        "run",
-    ),  # loop.py: one training run, top to bottom; aot.py: its programs compiled for a target; nothing in training/ imports them
+    # loop.py: one training run, top to bottom; aot.py: its programs compiled for a target; nothing in training/
+    # imports them
+    ("run",),
     ("evaluation",),  # a trained run read back: dev loss and BLEU, eval.py's work, decoding
     ("config", "checkpoints"),  # the validated config and the model it implies; saved train states
     ("parallel",),  # the step on the devices: jit / pmap trainers, mesh and sharding rules, multi-process

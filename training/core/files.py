@@ -1,4 +1,5 @@
-"""Workdir files that no crash or full disk can leave unreadable: atomic rewrites, and JSON lines read past a torn end."""
+"""Workdir files that no crash or full disk can leave unreadable: atomic rewrites, and JSON lines read past a torn
+end."""
 
 from __future__ import annotations
 

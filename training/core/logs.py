@@ -1,4 +1,5 @@
-"""What a training process logs: its own progress at INFO; per-parameter detail and libraries' INFO only when verbose."""
+"""What a training process logs: its own progress at INFO; per-parameter detail and libraries' INFO only when
+verbose."""
 
 from __future__ import annotations
 

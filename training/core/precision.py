@@ -42,11 +42,13 @@ CPU_SHAPE, ACCELERATOR_SHAPE = (2048, 256, 1024), (8192, 4096, 4096)
 
 
 def machine_key(matmul: str = "auto") -> str:
-    """What the verdict depends on: backend, device, CPU model and bfloat16 flags, JAX and jaxlib versions, `model.matmul`."""
+    """What the verdict depends on: backend, device, CPU model and bfloat16 flags, JAX and jaxlib versions,
+    `model.matmul`."""
     device = jax.devices()[0]
     native = "native bf16" if xla_cpu_bf16.cpu_has_native_bf16() else "no native bf16"
     return (
-        f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
+        f"{device.platform}|{device.device_kind}|{_cpu_model()}, {native}"
+        f"|jax {jax.__version__}|jaxlib {jaxlib.__version__}"
         f"|matmul {matmul}"
     )
 
@@ -62,7 +64,8 @@ def _cpu_model() -> str:
 
 
 def matmul_seconds(dtype, shape: tuple[int, int, int], matmul: str = "auto", reps: int = 5) -> float:
-    """Median seconds of a dense layer's product and its gradients in `dtype`, with the model's matmuls (`model.matmul`) for it."""
+    """Median seconds of a dense layer's product and its gradients in `dtype`, with the model's matmuls
+    (`model.matmul`) for it."""
     m, k, n = shape
     dot_general = backends.dense_dot_general(matmul, jnp.dtype(dtype)) or jax.lax.dot_general
 
@@ -82,7 +85,8 @@ def matmul_seconds(dtype, shape: tuple[int, int, int], matmul: str = "auto", rep
 
 
 def measure(matmul: str = "auto") -> dict:
-    """float32 and bfloat16 seconds of the check on this backend with `model.matmul`'s products, and the dtype they pick."""
+    """float32 and bfloat16 seconds of the check on this backend with `model.matmul`'s products, and the dtype
+    they pick."""
     shape = CPU_SHAPE if jax.default_backend() == "cpu" else ACCELERATOR_SHAPE
     f32, bf16 = matmul_seconds(jnp.float32, shape, matmul), matmul_seconds(jnp.bfloat16, shape, matmul)
     return {

@@ -102,8 +102,8 @@ def train_step(
     """One optimizer step. `rng` is folded with the step, so a resumed run draws the same dropout.
 
     The loss is the token-weighted mean over the global batch, plus whatever the model sows into
-    its `losses` collection (a regulariser such as the adaptive span's L1; nothing by default). Under `jax.jit` on a mesh the batch
-    is one global array and this needs nothing more. Under `jax.pmap` (`axis_name` set) each device
+    its `losses` collection (a regulariser such as the adaptive span's L1; nothing by default). Under `jax.jit`
+    on a mesh the batch is one global array and this needs nothing more. Under `jax.pmap` (`axis_name` set) each device
     holds a slice: the token count is summed over devices first, so each device's loss is its share
     of the global mean and the global gradient is the sum (`psum`) of the devices' gradients; their
     dropout keys differ by device index. `pick`: `token_losses`'. `grad_norm`: whether the metrics hold the

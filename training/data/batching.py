@@ -216,5 +216,6 @@ def dev_batches(config, vocab, corpus) -> list[dict]:
 
 
 def eval_lengths(config) -> tuple[int, ...]:
-    """`config.eval.lengths`, the fixed lengths evaluation pads to; () where unset (evaluation then uses the buckets)."""
+    """`config.eval.lengths`, the fixed lengths evaluation pads to; () where unset (evaluation then uses the
+    buckets)."""
     return tuple(getattr(getattr(config, "eval", None), "lengths", ()) or ())

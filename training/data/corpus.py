@@ -38,7 +38,8 @@ def default_multi30k_dir() -> Path:
 
 
 def check_split(config, split: str, name: str) -> None:
-    """ValueError naming `name` (a flag or config field) unless `split` is one of Multi30k's (tfds names are left to tfds)."""
+    """ValueError naming `name` (a flag or config field) unless `split` is one of Multi30k's (tfds names are left
+    to tfds)."""
     if config.data.dataset == "multi30k" and split not in MULTI30K_SPLITS:
         raise ValueError(f"{name} = {split!r}; expected one of Multi30k's splits {MULTI30K_SPLITS}")
 

@@ -26,7 +26,8 @@ def hypotheses_path(workdir: str | Path, split: str, beam_size: int) -> Path:
 def evaluate_split(
     workdir: str | Path, split: str, beam_size: int, hypotheses: str | Path | None = None, report=None
 ) -> dict:
-    """Perplexity and beam-search sacreBLEU on `split` of the workdir's best (else latest) checkpoint, as `score_split`."""
+    """Perplexity and beam-search sacreBLEU on `split` of the workdir's best (else latest) checkpoint, as
+    `score_split`."""
     run = load_run(workdir)
     return score_split(run, split, beam_size, workdir, hypotheses, report)
 

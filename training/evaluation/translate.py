@@ -27,8 +27,8 @@ def translate(
 ) -> list[list[int]]:
     """Token ids of each translation (EOS and padding removed), in input order.
 
-    Sources are cut to the model's max_len, grouped by bucket length and padded to `rows` rows, so each bucket compiles once;
-    output length is capped at bucket length + `max_extra_length` (and the model's max_len).
+    Sources are cut to the model's max_len, grouped by bucket length and padded to `rows` rows, so each bucket
+    compiles once; output length is capped at bucket length + `max_extra_length` (and the model's max_len).
     `lengths` (config.eval.lengths; () = the buckets): a few fixed source lengths the batches are padded
     to instead, each one compiled program whose output capacity is that length + `max_extra_length`;
     the cap stays the bucket's (passed to the program as a number), so the translations are those of

@@ -1,1 +1,2 @@
-"""Devices: the jit / pmap trainers (`trainers`), the mesh and sharding rules (`sharding`), multi-host start-up (`distributed`)."""
+"""Devices: the jit / pmap trainers (`trainers`), the mesh and sharding rules (`sharding`), multi-host start-up
+(`distributed`)."""

@@ -18,15 +18,18 @@ def check(distributed) -> None:
         raise ValueError(f"config.distributed.initialize = {distributed.initialize!r}; expected one of {MODES}")
     if not isinstance(distributed.num_processes, int) or distributed.num_processes < 0:
         raise ValueError(
-            f"config.distributed.num_processes = {distributed.num_processes!r}; expected an int >= 0 (0: from the environment)"
+            f"config.distributed.num_processes = {distributed.num_processes!r}; "
+            "expected an int >= 0 (0: from the environment)"
         )
     if not isinstance(distributed.process_id, int) or distributed.process_id < -1:
         raise ValueError(
-            f"config.distributed.process_id = {distributed.process_id!r}; expected an int >= -1 (-1: from the environment)"
+            f"config.distributed.process_id = {distributed.process_id!r}; "
+            "expected an int >= -1 (-1: from the environment)"
         )
     if distributed.num_processes and distributed.process_id >= distributed.num_processes:
         raise ValueError(
-            f"config.distributed.process_id = {distributed.process_id}; expected < num_processes ({distributed.num_processes})"
+            f"config.distributed.process_id = {distributed.process_id}; "
+            f"expected < num_processes ({distributed.num_processes})"
         )
     address = distributed.coordinator_address
     if address and ":" not in address:
@@ -36,7 +39,8 @@ def check(distributed) -> None:
 
 
 def requested(distributed, environ=os.environ) -> bool:
-    """Whether to call `jax.distributed.initialize`: 'always', or 'auto' when a coordinator or a multi-task SLURM job is set."""
+    """Whether to call `jax.distributed.initialize`: 'always', or 'auto' when a coordinator or a multi-task SLURM
+    job is set."""
     if distributed.initialize != "auto":
         return distributed.initialize == "always"
     slurm_tasks = int(environ.get("SLURM_NTASKS", "1") or 1)

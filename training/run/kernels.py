@@ -204,7 +204,8 @@ def dots(computations: dict[str, list[Instruction]], name: str, types: dict[str,
 
 
 def kind(instruction: Instruction, computations: dict[str, list[Instruction]], has_dot: bool) -> str:
-    """A kernel's kind: matmul, reduction, elementwise (loop), copy/transpose, collective, custom call, or its opcode."""
+    """A kernel's kind: matmul, reduction, elementwise (loop), copy/transpose, collective, custom call, or its
+    opcode."""
     opcode = instruction.opcode.removesuffix("-start")
     if opcode in COLLECTIVES:
         return "collective"

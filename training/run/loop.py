@@ -233,12 +233,7 @@ def _train(
     watch = LossWatch(
         config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None)
     )
-    # An evaluation a stop signal cut short is redone before training goes on.
-    if distributed.agree(
-        start > 0
-        and start % config.eval_every_steps == 0
-        and not any(r["step"] == start and "split" in r for r in writer.records)
-    )[0]:
+    if _interrupted_evaluation(config, writer, start):
         logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
         dev_metrics = evaluate(state, start, stop) or {}
     window = _Window(compiles)
@@ -251,16 +246,7 @@ def _train(
     started = time.monotonic()
     try:
         for step in range(start, config.num_train_steps):
-            t0 = time.perf_counter()
-            batch = run.schedule.batch(step)
-            t1 = time.perf_counter()
-            logged = (step + 1) % config.log_every_steps == 0  # these steps' metrics hold the gradient norm
-            state, metrics = run.trainer.step(state, run.trainer.put_batch(as_arrays(batch)), run.rng_dropout, logged)
-            metrics = jax.device_get(metrics)  # also waits for the step: honest step times
-            loss = float(metrics["loss"])
-            if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
-                raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
-            window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+            state, loss = _timed_step(config, run, ckpts, state, step, watch, window)
             if step == start:
                 window.first_step_s = time.monotonic() - entered
                 logging.info(
@@ -297,15 +283,7 @@ def _train(
                 dev_metrics = result
             if checkpoint_now:
                 ckpts.save(done, run.trainer.to_checkpoint(state))
-            if out_of_time:
-                logging.info(
-                    "max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping",
-                    config.max_train_seconds,
-                    done,
-                )
-                break
-            if stop_requested:
-                logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
+            if _stopping(config, done, out_of_time, stop_requested, stop):
                 break
     except NonFiniteLoss:
         record_divergence(Path(ckpts.latest.directory).parent, watch.lowest, ckpts)
@@ -314,6 +292,47 @@ def _train(
         progress.close()
         stop.restore()
     return dev_metrics
+
+
+def _interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
+    """Whether the dev evaluation at step `start` was cut short by a stop signal (it is redone before training
+    goes on): every process agrees."""
+    return distributed.agree(
+        start > 0
+        and start % config.eval_every_steps == 0
+        and not any(r["step"] == start and "split" in r for r in writer.records)
+    )[0]
+
+
+def _timed_step(config, run: _Run, ckpts, state, step: int, watch: LossWatch, window: _Window) -> tuple:
+    """Train step `step`: its batch and step times and metrics go to `window`, its loss to `watch` (which stops
+    a diverged run). Returns (the new state, the loss)."""
+    t0 = time.perf_counter()
+    batch = run.schedule.batch(step)
+    t1 = time.perf_counter()
+    logged = (step + 1) % config.log_every_steps == 0  # these steps' metrics hold the gradient norm
+    state, metrics = run.trainer.step(state, run.trainer.put_batch(as_arrays(batch)), run.rng_dropout, logged)
+    metrics = jax.device_get(metrics)  # also waits for the step: honest step times
+    loss = float(metrics["loss"])
+    if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
+        raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
+    window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
+    return state, loss
+
+
+def _stopping(config, done: int, out_of_time: bool, stop_requested: bool, stop: _StopFlag) -> bool:
+    """Whether training stops after step `done` (out of time, or a stop signal), logged."""
+    if out_of_time:
+        logging.info(
+            "max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping",
+            config.max_train_seconds,
+            done,
+        )
+        return True
+    if stop_requested:
+        logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
+        return True
+    return False
 
 
 class _Evaluator:
@@ -384,8 +403,8 @@ def _steps_in(folder: Path) -> list[int]:
 
 
 def check_history(workdir: Path) -> None:
-    """RunRefused if `workdir` holds a run (logged metrics, a best/ or set-aside checkpoint) but no checkpoint to resume,
-    or checkpoints but no config.json (nothing to check the requested config against).
+    """RunRefused if `workdir` holds a run (logged metrics, a best/ or set-aside checkpoint) but no checkpoint to
+    resume, or checkpoints but no config.json (nothing to check the requested config against).
 
     A start that was killed before its first record (config.json, the vocabulary, an empty metrics.jsonl)
     holds no run: the same command starts it again.
@@ -393,9 +412,9 @@ def check_history(workdir: Path) -> None:
     saved = [f"{folder}/ step {s}" for folder in ("checkpoints", "best") for s in _steps_in(workdir / folder)]
     if saved and not (workdir / "config.json").is_file():
         raise RunRefused(
-            f"{workdir} holds checkpoints ({', '.join(saved)}) but no config.json, so the run's config cannot be checked "
-            f"against this one: put the run's config.json back to resume it, pass --restart to start over (the old run "
-            f"is moved to {workdir / PREVIOUS}/), or use a new --workdir"
+            f"{workdir} holds checkpoints ({', '.join(saved)}) but no config.json, so the run's config cannot be "
+            f"checked against this one: put the run's config.json back to resume it, pass --restart to start over "
+            f"(the old run is moved to {workdir / PREVIOUS}/), or use a new --workdir"
         )
     metrics = workdir / "metrics.jsonl"
     logged = [r.get("step", 0) for r in files.read_jsonl(metrics)] if metrics.is_file() else []
@@ -424,7 +443,8 @@ def check_history(workdir: Path) -> None:
 
 
 def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
-    """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is deleted)."""
+    """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is
+    deleted)."""
     names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, lock.GUARD_FILE, PREVIOUS, *keep)]
     if not names:
         return

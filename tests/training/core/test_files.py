@@ -142,7 +142,8 @@ def test_a_full_disk_taking_the_lock_at_start_names_the_lock(tmp_path, monkeypat
 
 
 def test_orbax_reporting_a_full_disk_in_its_own_words_is_named_and_not_logged(tmp_path, monkeypatch, caplog):
-    """tensorstore's refusal reaches the save as a ValueError with the errno in its text; orbax logs it from its threads."""
+    """tensorstore's refusal reaches the save as a ValueError with the errno in its text; orbax logs it from its
+    threads."""
     ckpts = checkpoints.Checkpoints(tmp_path, keep=2)
     message = "RESOURCE_EXHAUSTED: Error writing local file 'x': No space left on device [os_error_code='28']"
 

@@ -36,7 +36,8 @@ def test_a_lock_names_host_pid_and_start_and_is_released(tmp_path):
         "",  # a start that died between creating the file and writing it
         "{host}:{dead}",  # HOST:PID of a process that has exited
         '{{"host": "{host}", "pid": {dead}, "started": null}}',
-        '{{"host": "{host}", "pid": {me}, "started": "another-boot/1"}}',  # PID reused (a restarted container: PID 1 again)
+        # PID reused (a restarted container: PID 1 again)
+        '{{"host": "{host}", "pid": {me}, "started": "another-boot/1"}}',
         "{host}:{me}",  # an older lock naming this PID: another process wrote it
     ],
 )
@@ -56,8 +57,8 @@ def test_a_live_holder_on_this_host_is_refused(tmp_path):
             json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": lock.process_start(other.pid)})
         )
         assert (
-            lock.claim(path)
-            == f"{tmp_path} is in use by {socket.gethostname()}:{other.pid} (its train.lock); wait for it, or stop it first"
+            lock.claim(path) == f"{tmp_path} is in use by {socket.gethostname()}:{other.pid} (its train.lock); "
+            "wait for it, or stop it first"
         )
         path.write_text(
             f"{socket.gethostname()}:{other.pid}"

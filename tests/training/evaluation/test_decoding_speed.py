@@ -1,4 +1,5 @@
-"""`evaluate.decoding_speed`: cache bytes per token by hand (K/V, and MLA's latent), and sources longer than the model reads."""
+"""`evaluate.decoding_speed`: cache bytes per token by hand (K/V, and MLA's latent), and sources longer than the
+model reads."""
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,8 @@ def test_mla_counts_its_latent_cache():
 
 
 def test_a_model_that_never_ends_runs_every_step_to_the_cap():
-    """EOS made impossible: each of 2 rows emits max_len = 8 tokens (the model's, below bucket 4 + 50), greedy and beam."""
+    """EOS made impossible: each of 2 rows emits max_len = 8 tokens (the model's, below bucket 4 + 50), greedy and
+    beam."""
     config = model_config(d_model=16, num_layers=1, mlp_dim=24, max_len=8, tie_embeddings=False)
     model = Transformer(config)
     params = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]

@@ -61,7 +61,8 @@ def test_translations_at_fixed_lengths_are_the_bucketed_ones_from_fewer_programs
     assert len({batching.bucket_length(batching.bucket_length(len(s), BUCKETS), FIXED) for s in src}) == 2
 
 
-@pytest.mark.slow  # a full decode at three cache segments (~35 s of one core): kept out of the default suite's time budget
+# a full decode at three cache segments (~35 s of one core): kept out of the default suite's time budget
+@pytest.mark.slow
 def test_a_limit_stops_the_decode_where_a_smaller_max_len_would(tiny):
     model, params, src, _ = tiny
     batch = jnp.asarray(batching.BatchSchedule.assemble(src[:4], [[]] * 4, 4, 48).src)

@@ -100,7 +100,8 @@ def test_tiny_decode_step_on_a_v5e_holds_its_cache_at_full_length_donated():
     src_length = max(config.data.bucket_lengths)  # 128: the longest dev batch
     rows, max_len = dev.ROWS, src_length + config.eval.max_extra_length
     assert report["batch"] == [rows, src_length] and report["max_len"] == max_len and report["devices"] == 1
-    # by hand: self-attention's keys and values at every output position, cross-attention's at every source position (1 layer)
+    # by hand: self-attention's keys and values at every output position, cross-attention's at every source position
+    # (1 layer)
     cache = 2 * rows * (max_len + src_length) * D_MODEL * BF16
     memory = report["memory_bytes"]
     assert memory["argument"] >= cache + rows * src_length * D_MODEL * BF16  # + the encoded source
