@@ -17,6 +17,8 @@ the GPU's choices. `platform=None` (as `PLAIN`) leaves it to the default backend
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -84,6 +86,16 @@ def target(platform: str | None) -> str:
 def is_nvidia_gpu(platform: str | None) -> bool:
     """Whether `target(platform)` is where cuDNN runs: "cuda", or "gpu" as `jax.default_backend()` names a GPU."""
     return target(platform) in ("cuda", "gpu")
+
+
+def products(formulation: Formulation | None, precision: Any = None) -> tuple[Callable, Callable]:
+    """One head's two products as `attention.head.attention_head` takes them: (scores(q, k), mix(weights, v)),
+    `formulation`'s (`resolve`d) with `precision` bound."""
+    formulation = resolve(formulation)
+    return (
+        functools.partial(formulation.scores, precision=precision),
+        functools.partial(formulation.mix, precision=precision),
+    )
 
 
 def resolve(formulation: Formulation | None) -> Formulation:
