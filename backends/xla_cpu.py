@@ -60,7 +60,8 @@ def keep_threshold(rate: float) -> int:
 
 
 def keep_mask(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> jax.Array:
-    """Boolean keep-mask of `shape`: element i is kept if half i % 2 (little-endian) of word i // 2 is below `threshold`."""
+    """Boolean keep-mask of `shape`: element i is kept if half i % 2 (little-endian) of word i // 2 is below
+    `threshold`."""
     size = math.prod(shape)
     per_word = 32 // BITS
     words = jax.random.bits(rng, (-(-size // per_word),), jnp.uint32)

@@ -83,7 +83,8 @@ def main():
     print(f"jax {jax.__version__}, {jax.default_backend()}, clock {args.clock}")
     verdict = precision.measure("auto")  # what model.dtype "auto" decides here, by its start-up check
     print(
-        f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
+        f"model.dtype 'auto' check: float32 {verdict['float32_s'] * 1e3:.1f} ms, "
+        f"bfloat16 {verdict['bfloat16_s'] * 1e3:.1f} ms "
         f"-> {verdict['dtype']} (bfloat16 must be {precision.MIN_SPEEDUP}x faster)",
         flush=True,
     )
@@ -128,9 +129,8 @@ def main():
     for key in order:
         if key[2] != "as chosen":
             each = [ratio(key, r) for r in range(args.rounds)]
-            print(
-                f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)}) |"
-            )
+            rounds = ", ".join(f"{x:.3f}" for x in each)
+            print(f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({rounds}) |")
     if {"float32", "bfloat16"} <= set(args.dtypes) and "train" in args.workloads:  # the check's verdict, end to end
         each = [
             b / f for f, b in zip(speeds["train", "float32", "as chosen"], speeds["train", "bfloat16", "as chosen"])

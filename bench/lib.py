@@ -66,7 +66,8 @@ def median_seconds(fn, args, reps, clock="wall"):
 
 
 def cpu_description() -> str:
-    """`lscpu`'s model name, the CPU's bfloat16 / AMX flags (from /proc/cpuinfo), this process's cores and `releases()`."""
+    """`lscpu`'s model name, the CPU's bfloat16 / AMX flags (from /proc/cpuinfo), this process's cores and
+    `releases()`."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     field = lambda name: next(
         (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(name)), "?"
@@ -212,7 +213,8 @@ TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)  # PEER_SIZES["toy
 HLO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 # An HLO instruction's result: `%name = f32[2,3]{1,0} op(...)` (ROOT or not; fusion parameters included).
 HLO_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT )?%(?P<name>[\w.-]+) = (?P<dtype>\w+)\[(?P<dims>[\d,]*)\]\S* (?P<op>[\w-]+)\((?P<args>[^)]*)\)(?P<attrs>.*)$"
+    r"^\s*(?:ROOT )?%(?P<name>[\w.-]+) = (?P<dtype>\w+)\[(?P<dims>[\d,]*)\]\S* "
+    r"(?P<op>[\w-]+)\((?P<args>[^)]*)\)(?P<attrs>.*)$"
 )
 HLO_DOT_DIMS = re.compile(r"(lhs_batch_dims|lhs_contracting_dims|rhs_batch_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 

@@ -166,7 +166,8 @@ def test_beam_search_beats_myopic_greedy_on_a_hand_built_model():
 def test_step_counts_by_hand_on_the_hand_built_model():
     """Greedy stops on its EOS at step 3. Beam 2 after step 3 holds finished B C EOS, A C EOS (log .11 / lp(3) = -1.857)
     and alive A C A, A C B (log .055): at max_len 5 the bound log .055 / lp(5) = -2.134 is below the worst finished, so
-    it stops there; at max_len 8 the bound is -1.823, so it runs a 4th step (both alive beams end: EOS at .055, -2.274)."""
+    it stops there; at max_len 8 the bound is -1.823, so it runs a 4th step (both alive beams end: EOS at .055,
+    -2.274)."""
     model = HandBuiltDecoder(models.TransformerConfig(vocab_size=6, max_len=8))
     src = jnp.ones((2, 3), jnp.int32)
     assert int(greedy(model, {}, src, 5, return_steps=True)[1]) == 3
