@@ -1,12 +1,15 @@
 """How attention spells the few steps whose fastest form depends on the compiler: a strategy, plain by default.
 
 `Formulation` is the plain formulation, the one Flax writes: q kᵀ and weights · v as einsums,
-a decode cache write that XLA may fuse as it likes. It is what runs on GPU and TPU, and what every
-attention function and layer uses unless given another. A backend whose compiler runs another
-spelling of the same numbers faster subclasses it (XLA:CPU: `backends.xla_cpu.XlaCpuFormulation`)
-and the caller passes that in (`attend(..., formulation=)`, the layers' `formulation`,
-`models.TransformerConfig.formulation`), so attention/ imports no backend code and the plain
-path carries none of a CPU's workarounds.
+a decode cache write that XLA may fuse as it likes, a decode step's log_softmax left to XLA to fuse
+with the vocabulary matmul (`decode_log_probs`, which `models.decoding` calls). It is what runs on
+GPU and TPU, and what every attention function and layer uses unless given another. A backend
+whose compiler runs another spelling of the same numbers faster subclasses it (XLA:CPU:
+`backends.xla_cpu.XlaCpuFormulation`) and the caller passes that in (`attend(..., formulation=)`,
+the layers' `formulation`, `models.TransformerConfig.formulation`), so attention/ imports no
+backend code and the plain path carries none of a CPU's workarounds. `products` binds a
+formulation's two products for `attention.head.attention_head`, which takes them as functions
+and knows no formulation.
 
 A formulation also names the JAX platform it was chosen for (`platform`), so choices that depend
 on the platform (`impl="auto"` taking cuDNN) are made for the program's target, decided where the
@@ -17,6 +20,8 @@ the GPU's choices. `platform=None` (as `PLAIN`) leaves it to the default backend
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -69,6 +74,13 @@ class Formulation:
         """Arrays the caller wants computed once and read by every consumer (a cache update): as they are."""
         return tree
 
+    def decode_log_probs(self, logits: jax.Array) -> jax.Array:
+        """A decode step's log-probabilities: logits `[N, vocab]` -> log_softmax over the vocabulary, `[N, vocab]`.
+
+        Plain: XLA may fuse log_softmax into the vocabulary matmul as it likes (`models.decoding`).
+        """
+        return jax.nn.log_softmax(logits)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({'' if self.platform is None else repr(self.platform)})"
 
@@ -84,6 +96,16 @@ def target(platform: str | None) -> str:
 def is_nvidia_gpu(platform: str | None) -> bool:
     """Whether `target(platform)` is where cuDNN runs: "cuda", or "gpu" as `jax.default_backend()` names a GPU."""
     return target(platform) in ("cuda", "gpu")
+
+
+def products(formulation: Formulation | None, precision: Any = None) -> tuple[Callable, Callable]:
+    """One head's two products as `attention.head.attention_head` takes them: (scores(q, k), mix(weights, v)),
+    `formulation`'s (`resolve`d) with `precision` bound."""
+    formulation = resolve(formulation)
+    return (
+        functools.partial(formulation.scores, precision=precision),
+        functools.partial(formulation.mix, precision=precision),
+    )
 
 
 def resolve(formulation: Formulation | None) -> Formulation:

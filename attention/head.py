@@ -13,20 +13,21 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attention.formulation import PLAIN, Formulation
 
+def attention_head(q, k, v, mask=None, bias=None, keep=None, *, scores, mix):
+    """q `[Lq, d_k]`, k `[Lk, d_k]`, v `[Lk, d_v]`; mask/bias/keep `[Lq|1, Lk|1]` -> (out `[Lq, d_v]`, weights
+    `[Lq, Lk]`).
 
-def attention_head(q, k, v, mask=None, bias=None, keep=None, *, precision=None, formulation: Formulation = PLAIN):
-    """q `[Lq, d_k]`, k `[Lk, d_k]`, v `[Lk, d_v]`; mask/bias/keep `[Lq|1, Lk|1]` -> (out `[Lq, d_v]`, weights `[Lq, Lk]`).
-
+    The two products come bound (precision and spelling chosen by the caller, as
+    `attention.formulation.products` binds a formulation's): `scores(q, k)` -> q kᵀ `[Lq, Lk]` in float32
+    at least (`attention.formulation.logits_dtype`), `mix(weights, v)` -> weights · v `[Lq, d_v]`.
     `keep` is the dropout multiplier (keep-mask / keep_prob); the weights returned are pre-dropout.
-    `formulation` spells the two products (`attention.formulation`; plain by default).
     """
     d_k = q.shape[-1]
-    logits = formulation.scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k, precision=precision)
+    logits = scores(q * jnp.asarray(1 / math.sqrt(d_k), q.dtype), k)
     weights = softmax(logits, mask, bias).astype(v.dtype)
     dropped = weights if keep is None else weights * keep
-    return formulation.mix(dropped, v, precision=precision), weights
+    return mix(dropped, v), weights
 
 
 def softmax(logits, mask, bias):

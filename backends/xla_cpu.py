@@ -9,7 +9,7 @@ Flax's `jax.random.bernoulli` dropout).
 * Cache updates behind `lax.optimization_barrier`: one materialised update per cache, read by the
   attention and returned; without it XLA:CPU may fuse the update into each consumer and copy the
   (donated) cache. The same barrier keeps beam search's small query block materialised
-  (`attention.beams`).
+  (`attention.beams`), and a decode step's logits apart from its log_softmax (`decode_log_probs`).
 * Attention's two products stay plain: the (K Qᵀ)ᵀ logits for few queries and a float32 sum for one
   16-bit query row no longer paid on jax 0.12.1 (results/code_choices.md) and were deleted.
 * The loss reads the targets' logits with a gather (`target_logits`): on XLA:CPU its gradient's
@@ -35,13 +35,18 @@ BITS = 16  # per dropout decision; 32 // BITS decisions per random word
 
 
 class XlaCpuFormulation(Formulation):
-    """`Formulation` with XLA:CPU's materialised cache updates (platform "cpu")."""
+    """`Formulation` with XLA:CPU's materialised cache updates and decode logits (platform "cpu")."""
 
     def __init__(self):
         super().__init__("cpu")
 
     def materialize(self, tree):
         return lax.optimization_barrier(tree)
+
+    def decode_log_probs(self, logits):
+        """log_softmax of the logits materialised apart: XLA:CPU fuses its max into the vocabulary matmul
+        otherwise, and that ran slower (results/peer.md, section 5)."""
+        return super().decode_log_probs(self.materialize(logits))
 
 
 FORMULATION = XlaCpuFormulation()
@@ -55,7 +60,8 @@ def keep_threshold(rate: float) -> int:
 
 
 def keep_mask(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> jax.Array:
-    """Boolean keep-mask of `shape`: element i is kept if half i % 2 (little-endian) of word i // 2 is below `threshold`."""
+    """Boolean keep-mask of `shape`: element i is kept if half i % 2 (little-endian) of word i // 2 is below
+    `threshold`."""
     size = math.prod(shape)
     per_word = 32 // BITS
     words = jax.random.bits(rng, (-(-size // per_word),), jnp.uint32)

@@ -6,42 +6,57 @@
 
 Times the `bench.peer_decode` workload (`bench.lib.OursDecode`: small model, random weights,
 batches of 20, beam 4, 63 steps) twice in one process, alternating which goes first: as it is, and
-with one piece of `models.beam_search` switched off through its own parameter, each side its own
-jitted decoder:
-- `reorder`: the per-step cache reorder (`reorder_cache=False`). It decodes wrong beams at the
-  cost of everything else, so the ratio bounds what a reorder-free cache could gain. Since the
-  beam rows (`attention.beams`) it reorders no keys or values, only layers' own states (none in
-  this model): before them, the float32 ratio was 0.804 (results/peer.md, section 5).
-- `logits_barrier`: the barrier between the vocabulary matmul and log_softmax
-  (`logits_barrier=False`), so XLA may fuse them again; the ratio is what the barrier gains.
+with one piece taken out, each side its own jitted decoder. `models.beam_search` has no switches;
+this bench builds each ablated side itself:
+- `reorder`: the per-step cache reorder, taken out by `models.decoding._beam_search(reorder_cache=False)`:
+  the private entry point `beam_search` calls with the reorder on, the one private name this bench
+  reaches (as an attribute), so the switch stays out of the public API. It decodes wrong beams at the cost of
+  everything else, so the ratio bounds what a reorder-free cache could gain. Since the beam rows
+  (`attention.beams`) it reorders no keys or values, only layers' own states (none in this model):
+  before them, the float32 ratio was 0.804 (results/peer.md, section 5).
+- `logits_barrier`: the barrier between the vocabulary matmul and log_softmax, taken out by the
+  model's formulation: `bench.lib.no_logits_barrier()`, XLA:CPU's with the plain `decode_log_probs`, so XLA
+  may fuse them again; the ratio is what the barrier gains. Only XLA:CPU's formulation has the barrier,
+  so this ablation runs where the model is given it (the CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 
 import jax
 
-from bench.lib import OursDecode, corpus_vocab, cpu_description
+from backends import xla_cpu
+from bench.lib import OursDecode, corpus_vocab, cpu_description, no_logits_barrier
 from configs import default
+from models import decoding
 from training.data.corpus import load_corpus
 
-ABLATIONS = {  # name: the `models.beam_search` switch that takes the piece out
-    "reorder": "reorder_cache",
-    "logits_barrier": "logits_barrier",
-}
+ABLATIONS = ("reorder", "logits_barrier")
 
 
 def build_pair(args, vocab, src_ids) -> tuple[OursDecode, OursDecode]:
     """(the decoder as it is, the ablated one), each compiled for every batch shape."""
     build = lambda **options: OursDecode(args.dtype, vocab, src_ids, args.batch, args.steps, beam=4, **options)
-    return build(), build(**{ABLATIONS[args.ablate]: False})
+    intact = build()
+    if args.ablate == "reorder":
+        return intact, build(search=functools.partial(decoding._beam_search, reorder_cache=False))
+    if args.ablate != "logits_barrier":
+        raise ValueError(f"--ablate = {args.ablate!r}; expected one of {ABLATIONS}")
+    chosen = intact.model.config.formulation
+    if chosen != xla_cpu.FORMULATION:
+        raise ValueError(
+            f"the model's formulation = {chosen!r}; --ablate logits_barrier expected XLA:CPU's "
+            f"({xla_cpu.FORMULATION!r}), the only one with a logits barrier: run it on the CPU"
+        )
+    return intact, build(model_overrides={"formulation": no_logits_barrier()})
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ablate", choices=list(ABLATIONS), required=True)
+    parser.add_argument("--ablate", choices=ABLATIONS, required=True)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--batches", type=int, default=3, help="timed batches a round, each side")

@@ -13,6 +13,7 @@ with other jobs is steadier than wall-clock.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import io
 import json
@@ -344,6 +345,21 @@ def with_fields(model, overrides: dict | None):
     return type(model)(dataclasses.replace(model.config, **overrides)) if overrides else model
 
 
+@functools.cache
+def no_logits_barrier():
+    """XLA:CPU's formulation (`backends.xla_cpu.FORMULATION`) with a decode step's log-probabilities spelled
+    plainly: no barrier between the vocabulary matmul and log_softmax, every other barrier kept. One instance
+    (of one class) a process, so configs holding it compare equal."""
+    from attention.formulation import Formulation
+    from backends import xla_cpu
+
+    class NoLogitsBarrier(xla_cpu.XlaCpuFormulation):
+        def decode_log_probs(self, logits):
+            return Formulation.decode_log_probs(self, logits)
+
+    return NoLogitsBarrier()
+
+
 class Ours:
     """Our side of the training-step comparison: the training loop's trainer for one config, compiled
     for every bucket shape of an epoch of real batches; `epoch_rates` times the epoch's shapes."""
@@ -453,8 +469,9 @@ class OursDecode:
     every batch shape of the sources it is given.
 
     `toy`: a toy model (a dry run); `model_overrides`: `TransformerConfig` fields replaced after the
-    config chose them (`with_fields`); `options`: `beam_search`'s switches (`reorder_cache`,
-    `logits_barrier`), each decoder its own jitted program.
+    config chose them (`with_fields`); `search`: the beam search jitted, called as `models.beam_search`
+    (None: `models.beam_search`; bench/decode_ablation.py passes one with a piece taken out), each
+    decoder its own jitted program.
     """
 
     def __init__(
@@ -468,7 +485,7 @@ class OursDecode:
         pad_to: int = 0,
         toy: bool = False,
         model_overrides: dict | None = None,
-        **options,
+        search: Callable | None = None,
     ):
         import jax
         import jax.numpy as jnp
@@ -483,10 +500,9 @@ class OursDecode:
         self.model = with_fields(config_lib.build_model(config, vocab, dtype), model_overrides)
         tokens = jnp.ones((1, 2), jnp.int32)
         self.params = jax.jit(self.model.init)(jax.random.key(0), tokens, tokens)["params"]
+        search = search or beam_search
         self.decode = jax.jit(
-            lambda params, src: beam_search(
-                self.model, params, src, beam_size=beam, alpha=0.6, max_len=steps, **options
-            )[0]
+            lambda params, src: search(self.model, params, src, beam_size=beam, alpha=0.6, max_len=steps)[0]
         )
         self.batches = []
         for start in range(0, len(src_ids) - batch + 1, batch):

@@ -95,10 +95,12 @@ def _grown_loop(cond, body, state, empty_cache, lengths):
     return state
 
 
-def _decode_step(model, params, cache, encoded, src_tokens, tokens, logits_barrier=True):
+def _decode_step(model, params, cache, encoded, src_tokens, tokens):
     """Feed tokens [N] at the cache position; return (log-probs [N, vocab] float32, new cache).
 
-    `logits_barrier=False`: no `_unfused` barrier, whatever the formulation (see `beam_search`)."""
+    The log-probabilities are the formulation's (`Formulation.decode_log_probs`): a backend may keep
+    the logits apart from log_softmax there (XLA:CPU does); the plain one leaves the fusion to the compiler.
+    """
     logits, variables = model.apply(
         {"params": params, "cache": cache},
         encoded,
@@ -108,17 +110,8 @@ def _decode_step(model, params, cache, encoded, src_tokens, tokens, logits_barri
         decode=True,
         mutable=["cache"],
     )
-    logits = logits[:, -1]
-    if logits_barrier:
-        logits = _unfused(logits, model.config.formulation)
-    return jax.nn.log_softmax(logits), variables["cache"]
-
-
-def _unfused(logits, formulation):
-    """`logits` computed apart from log_softmax where the backend's formulation says so: XLA:CPU fuses
-    log_softmax's max into the vocabulary matmul otherwise, and that ran slower (results/peer.md, section 5);
-    the plain formulation (GPU, TPU) leaves the fusion to the compiler."""
-    return attention_formulation.resolve(formulation).materialize(logits)
+    log_probs = attention_formulation.resolve(model.config.formulation).decode_log_probs(logits[:, -1])
+    return log_probs, variables["cache"]
 
 
 def _check_args(model, src_tokens, max_len):
@@ -217,8 +210,6 @@ def beam_search(
     first_cache_length: int | None = FIRST_CACHE_LENGTH,
     return_steps: bool = False,
     limit: jax.Array | None = None,
-    reorder_cache: bool = True,
-    logits_barrier: bool = True,
 ) -> tuple[jax.Array, ...]:
     """Beam search with GNMT's length penalty. src_tokens: [B, Ls] int.
 
@@ -228,12 +219,37 @@ def beam_search(
     Stops early once no alive beam can beat the worst finished one (valid for alpha >= 0).
     `first_cache_length`: see `cache_lengths`. `return_steps`: a third output, the decoder steps
     the loop ran ([] int32). `limit`: as `greedy_decode`'s (hypotheses then compete at `limit`).
-
-    Two switches take one piece out of a step, to time what it costs (bench/decode_ablation.py):
-    `reorder_cache=False` leaves what layers keep of their own (performer's state, MLA's latent)
-    in its old beam order, which decodes wrong beams for such layers; `logits_barrier=False` lets
-    XLA fuse log_softmax into the vocabulary matmul where the formulation keeps them apart.
     """
+    return _beam_search(
+        model,
+        params,
+        src_tokens,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_len=max_len,
+        return_all_beams=return_all_beams,
+        first_cache_length=first_cache_length,
+        return_steps=return_steps,
+        limit=limit,
+    )
+
+
+def _beam_search(
+    model,
+    params,
+    src_tokens: jax.Array,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len: int = 64,
+    return_all_beams: bool = False,
+    first_cache_length: int | None = FIRST_CACHE_LENGTH,
+    return_steps: bool = False,
+    limit: jax.Array | None = None,
+    reorder_cache: bool = True,
+) -> tuple[jax.Array, ...]:
+    """`beam_search`, and the switch bench/decode_ablation.py times the per-step cache reorder with:
+    `reorder_cache=False` leaves what layers keep of their own (performer's state, MLA's latent) in its
+    old beam order, which decodes wrong beams for such layers."""
     _check_args(model, src_tokens, max_len)
     # the early-stopping bound's penalty: a Python float without a limit (as it always was), else traced
     final_penalty = (
@@ -262,7 +278,7 @@ def beam_search(
         # each beam writes the token it feeds into its own cache row
         rows = lax.dynamic_update_slice(s.rows, jnp.broadcast_to(own_row, (batch, K, 1)), (0, 0, s.step))
         log_probs, cache = _decode_step(
-            model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens, s.last.reshape(-1), logits_barrier
+            model, params, _with_beam_rows(s.cache, rows), encoded, src_tokens, s.last.reshape(-1)
         )
         vocab = log_probs.shape[-1]
         # 2K candidates: even if K of them end in EOS, K remain to stay alive

@@ -10,6 +10,7 @@ import functools
 
 import jax
 
+from attention.formulation import products
 from attention.grouped import with_structure
 from attention.head import attention_head, dropout_multiplier
 
@@ -24,7 +25,8 @@ def attention(q, k, v, mask, bias, options):
     extras = (mask, bias, keep)
     # per mapped level (batch, group, head in group): map a real axis, broadcast a size-1 one
     level_axes = [tuple(None if x is None or x.shape[level] == 1 else 0 for x in extras) for level in range(3)]
-    fn = functools.partial(attention_head, precision=options.precision, formulation=options.formulation)
+    scores, mix = products(options.formulation, options.precision)
+    fn = functools.partial(attention_head, scores=scores, mix=mix)
     fn = jax.vmap(fn, in_axes=(1, None, None, *level_axes[2]), out_axes=(1, 0))
     fn = jax.vmap(fn, in_axes=(1, 0, 0, *level_axes[1]), out_axes=(1, 0))
     fn = jax.vmap(fn, in_axes=(0, 0, 0, *level_axes[0]), out_axes=(0, 0))

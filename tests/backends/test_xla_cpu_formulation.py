@@ -67,3 +67,11 @@ def test_decode_step_with_the_cpu_formulation_equals_plain(num_kv_heads):
         np.testing.assert_array_equal(outs["cpu"][1][name], outs["plain"][1][name])
     hlo = jax.jit(lambda v, t: layer(CPU).apply(v, t, mutable=["cache"])).lower(variables, x[:, :1]).as_text()
     assert "optimization_barrier" in hlo
+
+
+def test_decode_log_probs_keep_the_logits_apart_and_equal_plain():
+    logits = jax.random.normal(jax.random.key(4), (3, 11))
+    barriers = lambda f: jax.jit(f.decode_log_probs).lower(logits).as_text().count("optimization_barrier")
+    assert (barriers(CPU), barriers(attention.Formulation())) == (1, 0)
+    np.testing.assert_array_equal(CPU.decode_log_probs(logits), jax.nn.log_softmax(logits))
+    np.testing.assert_array_equal(attention.Formulation().decode_log_probs(logits), jax.nn.log_softmax(logits))

@@ -11,7 +11,9 @@ import optax
 import pytest
 
 import models
+from attention.formulation import Formulation
 from backends import xla_cpu
+from models import decoding
 from tiny import model_config
 
 KEY = jax.random.key(0)
@@ -164,7 +166,8 @@ def test_beam_search_beats_myopic_greedy_on_a_hand_built_model():
 def test_step_counts_by_hand_on_the_hand_built_model():
     """Greedy stops on its EOS at step 3. Beam 2 after step 3 holds finished B C EOS, A C EOS (log .11 / lp(3) = -1.857)
     and alive A C A, A C B (log .055): at max_len 5 the bound log .055 / lp(5) = -2.134 is below the worst finished, so
-    it stops there; at max_len 8 the bound is -1.823, so it runs a 4th step (both alive beams end: EOS at .055, -2.274)."""
+    it stops there; at max_len 8 the bound is -1.823, so it runs a 4th step (both alive beams end: EOS at .055,
+    -2.274)."""
     model = HandBuiltDecoder(models.TransformerConfig(vocab_size=6, max_len=8))
     src = jnp.ones((2, 3), jnp.int32)
     assert int(greedy(model, {}, src, 5, return_steps=True)[1]) == 3
@@ -317,13 +320,21 @@ def test_tiny_model_overfits_four_pairs_and_greedy_reproduces_them():
     np.testing.assert_array_equal(tokens, expected)
 
 
+def searcher(model, search=None, **switches):
+    """All three beams of each source, jitted: by `search`, or (None) by the private entry point with its
+    timing switch (`reorder_cache`) as given."""
+    search = search or functools.partial(decoding._beam_search, **switches)
+    return jax.jit(lambda p: search(model, p, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True))
+
+
 def search_with(model, params, **switches):
-    """All three beams of each source, with `beam_search`'s timing switches set as given."""
-    return jax.jit(
-        lambda p: models.beam_search(
-            model, p, SRC, beam_size=3, alpha=0.6, max_len=MAX_LEN, return_all_beams=True, **switches
-        )
-    )(params)
+    return searcher(model, **switches)(params)
+
+
+def test_beam_search_is_its_entry_point_with_the_reorder_on():
+    model, params = random_model()
+    public, private = searcher(model, models.beam_search), searcher(model)
+    assert public.lower(params).as_text() == private.lower(params).as_text()
 
 
 def test_without_the_reorder_a_foreign_layers_beams_go_wrong_and_ours_stay_right():
@@ -344,15 +355,22 @@ def test_without_the_reorder_a_foreign_layers_beams_go_wrong_and_ours_stay_right
     np.testing.assert_allclose(with_reorder[1], without[1], rtol=0, atol=1e-6)
 
 
+class PlainLogProbs(xla_cpu.XlaCpuFormulation):
+    """XLA:CPU's formulation but for the decode step's log-probabilities, spelled plainly."""
+
+    def decode_log_probs(self, logits):
+        return Formulation.decode_log_probs(self, logits)
+
+
 def test_without_the_logits_barrier_the_program_loses_it_and_the_search_is_the_same():
-    model = models.Transformer(tiny(formulation=xla_cpu.FORMULATION))
-    params = model.init(KEY, SRC, SRC)["params"]
+    def barriers(formulation):
+        model = models.Transformer(tiny(formulation=formulation))
+        search = jax.jit(lambda p: models.beam_search(model, p, SRC, beam_size=3, max_len=MAX_LEN))
+        return search.lower(random_model()[1]).as_text().count("optimization_barrier")
 
-    def barriers(**switches):
-        search = jax.jit(lambda p: models.beam_search(model, p, SRC, beam_size=3, max_len=MAX_LEN, **switches))
-        return search.lower(params).as_text().count("optimization_barrier")
-
-    assert barriers(logits_barrier=False) < barriers()
-    kept, dropped = search_with(model, params), search_with(model, params, logits_barrier=False)
+    assert barriers(PlainLogProbs()) < barriers(xla_cpu.FORMULATION)
+    params = random_model()[1]
+    kept = search_with(models.Transformer(tiny(formulation=xla_cpu.FORMULATION)), params)
+    dropped = search_with(models.Transformer(tiny(formulation=PlainLogProbs())), params)
     np.testing.assert_array_equal(kept[0], dropped[0])
     np.testing.assert_allclose(kept[1], dropped[1], rtol=0, atol=1e-5)
