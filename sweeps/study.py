@@ -11,7 +11,7 @@ the batch (commit × CPU kind) of every seed and the two sensitivity analyses (n
 family, the pooled variance over every distinct point the study compares (a run copied into several
 sweeps counts once, as the point it ran as).
 
-    python sweep.py --study configs/table3_preset.py    # RESULTS_DIR/STUDY_NAME.md
+    python sweep.py study --config configs/table3_preset.py    # RESULTS_DIR/STUDY_NAME.md
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def study_markdown(results_dir: Path, study: Sequence[Comparison], title: str) -
             + " |"
         )
     lines.append(f"""
-Written by `python sweep.py --study` from the sweeps' stored results alone. Each row is one comparison of
+Written by `python sweep.py study` from the sweeps' stored results alone. Each row is one comparison of
 the sweep's own table (its value against the reference, or a named contrast), over seeds: the difference
 is the mean test BLEU of "to"'s seeds minus "from"'s, with Welch's 95 % interval, Hedges' g and Welch's
 two-sided p, as in each sweep's table. Holm's adjustment runs over all {n} comparisons here (those not run
