@@ -39,7 +39,7 @@ from training.run import aot
 from sweeps import launch, plan, point_run, schema, study, tables as sweep_tables
 from sweeps.adopt import adopt_stored
 
-COMMANDS = ("run", "point", "collect", "study", "plan", "adopt")
+COMMANDS = ("run", "point", "collect", "study", "plan", "adopt")  # as spelled out for JAX_PLATFORMS above
 SLURM_DEFAULTS = launch.SlurmOptions()
 
 
@@ -48,11 +48,10 @@ def parse_arguments(argv: list[str]):
     parser = argparse_flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
 
-    def command(name, handler, help, config_help=None, results=True):
+    def command(name, handler, help, config, config_required=True, results=True):
         sub = commands.add_parser(name, help=help, description=help)
         sub.set_defaults(handler=handler)
-        if config_help:
-            sub.add_argument("--config", required=config_help[0] == "!", help=config_help.lstrip("!"))
+        sub.add_argument("--config", required=config_required, help=config)
         if results:
             sub.add_argument(
                 "--results_dir",
@@ -62,7 +61,7 @@ def parse_arguments(argv: list[str]):
         return sub
 
     sweep_config = (
-        "!a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py); PATH:packed, the "
+        "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py); PATH:packed, the "
         "Table 3 sweeps' packed preset, stored as NAME_packed (sweeps.schema.variant)"
     )
     workdir = "the sweep's run directories (checkpoints): one subdirectory per point and seed"
@@ -114,13 +113,14 @@ def parse_arguments(argv: list[str]):
         collect,
         "rebuild the tables and plots from the results stored in --results_dir alone",
         "a sweep config: collect that sweep only (default: every sweep stored)",
+        config_required=False,
     )
     command(
         "study",
         write_study,
         "write RESULTS_DIR/STUDY_NAME.md, its sweeps' comparisons under one Holm family (sweeps/study.py), "
         "from --results_dir alone",
-        "!a study config (configs/table3_preset.py)",
+        "a study config (configs/table3_preset.py)",
     )
     sub = command(
         "plan",
@@ -139,7 +139,7 @@ def parse_arguments(argv: list[str]):
         adopt,
         "copy every seed the other sweeps have stored of this sweep's shared points (rows A's h = 8 for "
         "rows B, KV, family; sweeps.adopt.adopt_stored); `collect` after",
-        "!the sweep that shares another's runs",
+        "the sweep config that shares another's runs",
     )
     return parser.parse_args(argv[1:])
 
