@@ -19,7 +19,7 @@ from training.core import compile_cache, errors
 from training.data import corpus
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -72,11 +72,14 @@ def main(argv=None):
     sub.add_argument("--beam_size", type=int, default=1, help="1: greedy")
     sub.add_argument("--speed_rows", type=int, default=64, help="sentences in the decode-speed batch")
     sub.add_argument("--overwrite", action="store_true", help="replace existing uptraining workdirs")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     check_arguments(args)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(message)s"
-    )  # progress: the training loop, pruning steps
+    # progress: the training loop, pruning steps
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -95,77 +98,95 @@ def main(argv=None):
         if getattr(args, flag, ""):
             corpus.check_split(run.config, getattr(args, flag), f"--{flag}")
     print(f"analyze.py: step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
-    out = run.out_dir
-    if args.command == "maps":
-        if args.sentence is not None:
-            sentence, prefix = args.sentence, "maps_sentence"
-        else:
-            pairs = len(corpus.load_corpus(run.config, args.split))
-            if args.index >= pairs:
-                raise ValueError(
-                    f"--index {args.index}; expected an index below {pairs}, the pairs in --split {args.split!r}"
-                )
-            sentence, prefix = (
-                workdir.dev_subset(run.config, args.split, 1, args.index).src[0],
-                f"maps_{args.split}{args.index}",
+    COMMANDS[args.command](args, run, run.out_dir)
+
+
+def maps_command(args, run, out: Path) -> None:
+    if args.sentence is not None:
+        sentence, prefix = args.sentence, "maps_sentence"
+    else:
+        pairs = len(corpus.load_corpus(run.config, args.split))
+        if args.index >= pairs:
+            raise ValueError(
+                f"--index {args.index}; expected an index below {pairs}, the pairs in --split {args.split!r}"
             )
-        for path in maps.render(run, sentence, out, prefix):
-            print(path)
-    elif args.command == "roles":
-        rows = roles.head_statistics(run, workdir.dev_subset(run.config, args.split, args.examples))
-        roles.write_table(rows, out / "roles.csv", out / "roles.md")
-        print(roles.plot_map(rows, out / "roles.png"))
-        print((out / "roles.md").read_text())
-    elif args.command == "importance":
-        raw, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
-        importance.write(raw, normalised, out / "importance.csv", out / "importance.md")
-        print((out / "importance.md").read_text())
-    elif args.command == "prune":
-        raw, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
-        importance.write(raw, normalised, out / "importance.csv", out / "importance.md")  # the order pruning follows
-        scored = workdir.dev_subset(run.config, args.split, args.eval_examples, start=args.examples)
-        score = workdir.scorer(run.config, run.vocab, run.model, scored, args.beam_size)
-        kinds = args.kinds.split(",")
-        rows = pruning.prune_curves(run, score, normalised, kinds, steps=args.steps, seed=args.seed)
-        stem = "pruning" if sorted(kinds) == sorted(heads.MODULES) else f"pruning_{'-'.join(kinds)}"
-        pruning.write_csv(rows, out / f"{stem}.csv")
-        title = (
-            f"{'+'.join(kinds)}: {len(scored)} {args.split} sentences after the first {args.examples} "
-            f"(importance), {'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}"
+        sentence, prefix = (
+            workdir.dev_subset(run.config, args.split, 1, args.index).src[0],
+            f"maps_{args.split}{args.index}",
         )
-        print(pruning.plot(rows, out / f"{stem}.png", title))
-        for r in rows:
-            print(
-                f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}"
-            )
-        if args.test_split:
-            held_out, outputs = pruning.held_out_test(
-                run,
-                normalised,
-                kinds,
-                workdir.dev_subset(run.config, args.test_split, args.test_examples),
-                fraction=args.test_fraction,
-                seed=args.seed,
-            )
-            name = f"{stem}_{args.test_split}_{round(100 * args.test_fraction)}pct"
-            tables.write(held_out, pruning.HELD_OUT_FIELDS, out / f"{name}.csv", out / f"{name}.md")
-            pruning.write_outputs(outputs, out / name)
-            print((out / f"{name}.md").read_text())
-    elif args.command == "uptrain":
-        rows = uptrain.compare(
+    for path in maps.render(run, sentence, out, prefix):
+        print(path)
+
+
+def roles_command(args, run, out: Path) -> None:
+    rows = roles.head_statistics(run, workdir.dev_subset(run.config, args.split, args.examples))
+    roles.write_table(rows, out / "roles.csv", out / "roles.md")
+    print(roles.plot_map(rows, out / "roles.png"))
+    print((out / "roles.md").read_text())
+
+
+def importance_command(args, run, out: Path) -> None:
+    raw, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
+    importance.write(raw, normalised, out / "importance.csv", out / "importance.md")
+    print((out / "importance.md").read_text())
+
+
+def prune_command(args, run, out: Path) -> None:
+    raw, normalised = importance.head_importance(run, workdir.dev_subset(run.config, args.split, args.examples))
+    importance.write(raw, normalised, out / "importance.csv", out / "importance.md")  # the order pruning follows
+    scored = workdir.dev_subset(run.config, args.split, args.eval_examples, start=args.examples)
+    score = workdir.scorer(run.config, run.vocab, run.model, scored, args.beam_size)
+    kinds = args.kinds.split(",")
+    rows = pruning.prune_curves(run, score, normalised, kinds, steps=args.steps, seed=args.seed)
+    stem = "pruning" if sorted(kinds) == sorted(heads.MODULES) else f"pruning_{'-'.join(kinds)}"
+    pruning.write_csv(rows, out / f"{stem}.csv")
+    title = (
+        f"{'+'.join(kinds)}: {len(scored)} {args.split} sentences after the first {args.examples} "
+        f"(importance), {'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}"
+    )
+    print(pruning.plot(rows, out / f"{stem}.png", title))
+    for r in rows:
+        print(
+            f"{r['order']:10s} {r['fraction']:.2f} pruned {r['pruned']:2d} bleu {r['bleu']:6.2f} loss {r['loss']:.4f}"
+        )
+    if args.test_split:
+        held_out, outputs = pruning.held_out_test(
             run,
-            workdir.dev_subset(run.config, args.split, args.examples),
-            args.num_kv_heads,
-            args.methods.split(","),
-            args.fraction,
-            beam_size=args.beam_size,
-            speed_rows=args.speed_rows,
-            overwrite=args.overwrite,
+            normalised,
+            kinds,
+            workdir.dev_subset(run.config, args.test_split, args.test_examples),
+            fraction=args.test_fraction,
+            seed=args.seed,
         )
-        name = f"uptrain_table_kv{args.num_kv_heads}_{'-'.join(args.methods.split(','))}"
-        tables.write(rows, uptrain.TABLE_FIELDS, out / f"{name}.csv", out / f"{name}.md")
+        name = f"{stem}_{args.test_split}_{round(100 * args.test_fraction)}pct"
+        tables.write(held_out, pruning.HELD_OUT_FIELDS, out / f"{name}.csv", out / f"{name}.md")
+        pruning.write_outputs(outputs, out / name)
         print((out / f"{name}.md").read_text())
 
+
+def uptrain_command(args, run, out: Path) -> None:
+    rows = uptrain.compare(
+        run,
+        workdir.dev_subset(run.config, args.split, args.examples),
+        args.num_kv_heads,
+        args.methods.split(","),
+        args.fraction,
+        beam_size=args.beam_size,
+        speed_rows=args.speed_rows,
+        overwrite=args.overwrite,
+    )
+    name = f"uptrain_table_kv{args.num_kv_heads}_{'-'.join(args.methods.split(','))}"
+    tables.write(rows, uptrain.TABLE_FIELDS, out / f"{name}.csv", out / f"{name}.md")
+    print((out / f"{name}.md").read_text())
+
+
+COMMANDS = {
+    "maps": maps_command,
+    "roles": roles_command,
+    "importance": importance_command,
+    "prune": prune_command,
+    "uptrain": uptrain_command,
+}
 
 # Each numeric flag's lowest value (a subcommand without the flag skips it) and what it means.
 AT_LEAST = {

@@ -1,169 +1,226 @@
 """Run a config sweep and collect its tables and plots.
 
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --launcher slurm \
+    python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3
+    python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --launcher slurm \
         --slurm_partition gpu --slurm_gpus 1 --slurm_time_min 120
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --points_per_device 3  # 3 per GPU
-    python sweep.py --config configs/ablation_heads.py:packed --workdir runs/heads_packed --points_per_device 4  # packed preset
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
-    python sweep.py --collect [--config configs/ablation_heads.py] [--results_dir results]
-    python sweep.py --study configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
-    python sweep.py --plan --config configs/ablation_heads.py --target tpu:v5e   # compile every point, train nothing
-    python sweep.py --adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
+    python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --points_per_device 3
+    python sweep.py run --config configs/ablation_heads.py:packed --workdir runs/heads_packed --points_per_device 4
+    python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
+    python sweep.py point --config configs/ablation_heads.py --workdir runs/heads --point h=8 --seed 0 [--restart]
+    python sweep.py collect [--config configs/ablation_heads.py] [--results_dir results]
+    python sweep.py study --config configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
+    python sweep.py plan --config configs/ablation_heads.py --target tpu:v5e   # compile every point, train nothing
+    python sweep.py adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
-checkpoint in WORKDIR. `--launcher slurm` submits one submitit job per unfinished point and waits
-for them; `--print_commands` prints one command per point instead; `--collect` rebuilds
-RESULTS_DIR/NAME.{md,csv,png} from RESULTS_DIR/NAME/ alone.
+checkpoint in WORKDIR. `run` starts one process per unfinished point (`point`; `--points_per_device K`:
+K of them on each GPU); `--launcher slurm` submits one submitit job per unfinished point and waits
+for them; `--print_commands` prints one command per point instead; `collect` rebuilds
+RESULTS_DIR/NAME.{md,csv,png} from RESULTS_DIR/NAME/ alone. `--config PATH:packed` is the Table 3
+sweeps' packed preset, stored as NAME_packed. absl's logging flags (-v 1, --verbosity 1) go with any
+subcommand: a point's training log is quiet (as train.py's) unless verbose.
 """
 
+import argparse
 import os
 import sys
 from pathlib import Path
 
-if "--plan" in sys.argv:  # read when JAX is imported: a plan compiles for its --target on this host's CPU
+# the first subcommand name given: read when JAX is imported, so a plan compiles for its --target on this host's CPU
+if next((a for a in sys.argv[1:] if a in ("run", "point", "collect", "study", "plan", "adopt")), None) == "plan":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags
+from absl.flags import argparse_flags
 
 from training.core import errors, logs
 from training.run import aot
-from sweeps import launch, plan, study, sweep, tables as sweep_tables
+from sweeps import launch, plan, point_run, schema, study, tables as sweep_tables
+from sweeps.adopt import adopt_stored
 
-flags.DEFINE_string(
-    "config",
-    None,
-    "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py); "
-    "PATH:packed, the Table 3 sweeps' packed preset, stored as NAME_packed (sweeps.sweep.variant)",
-)
-flags.DEFINE_string("workdir", None, "the sweep's run directories (checkpoints): one subdirectory per point and seed")
-flags.DEFINE_integer("seeds", 3, "seeds per point (0, 1, ..., or from the config's SWEEP_FIRST_SEED)")
-flags.DEFINE_integer("jobs", 1, "--launcher local: points run at the same time")
-flags.DEFINE_integer(
-    "points_per_device",
-    None,
-    "--launcher local: point processes per accelerator, each seeing one "
-    "device and 1/K of its memory (on a CPU: K at a time); instead of --jobs",
-)
-flags.DEFINE_enum(
-    "launcher", "local", ["local", "slurm"], "local: subprocesses here; slurm: one submitit job per point"
-)
-flags.DEFINE_string("slurm_partition", "", "--launcher slurm: partition ('' : the cluster's default)")
-flags.DEFINE_integer("slurm_gpus", 0, "--launcher slurm: GPUs per job")
-flags.DEFINE_integer("slurm_time_min", 240, "--launcher slurm: time limit per job, minutes")
-flags.DEFINE_integer("slurm_cpus", 4, "--launcher slurm: CPU cores per job")
-flags.DEFINE_bool("print_commands", False, "print each unfinished point's command and exit")
-flags.DEFINE_bool("collect", False, "only rebuild the tables and plots from the results stored in --results_dir")
-flags.DEFINE_bool(
-    "adopt",
-    False,
-    "with --config: copy every seed the other sweeps have stored of this sweep's shared "
-    "points (rows A's h = 8 for rows B, KV, family; sweeps.sweep.adopt_stored), then exit; --collect after",
-)
-flags.DEFINE_string(
-    "study",
-    None,
-    "a study config (configs/table3_preset.py): write RESULTS_DIR/STUDY_NAME.md, its "
-    "sweeps' comparisons under one Holm family (sweeps/study.py), from --results_dir alone",
-)
-flags.DEFINE_string(
-    "results_dir", "results", "finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png"
-)
-flags.DEFINE_string("point", None, "internal / cluster use: run only this point (KEY=VALUE) ...")
-flags.DEFINE_integer("seed", 0, "... with this seed")
-flags.DEFINE_bool(
-    "restart",
-    False,
-    "with --point: start that point afresh, the run its workdir holds moved to "
-    "WORKDIR/NAME/previous/TIME/ (a run that cannot resume, e.g. one stopped before its first checkpoint)",
-)
-flags.DEFINE_string(
-    "compilation_cache_dir",
-    None,
-    "internal / cluster use: the sweep's one persistent compilation "
-    "cache, used by points whose config.compilation_cache_dir is 'auto'",
-)
-
-flags.DEFINE_bool(
-    "plan",
-    False,
-    "with --config and --target: compile every point's train step for the target "
-    "(python -m bench.aot's compile) and print memory, FLOPs and points a device; nothing is trained",
-)
-flags.DEFINE_string(
-    "target", None, "--plan: tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e, tpu:v4:2x2x1, cuda:h100"
-)
-flags.DEFINE_string("mesh", "-1,1", "--plan: DATA,MODEL shards of each point's mesh (-1: the rest of the devices)")
-
-SLURM_FLAGS = ("slurm_partition", "slurm_gpus", "slurm_time_min", "slurm_cpus")
+COMMANDS = ("run", "point", "collect", "study", "plan", "adopt")  # as spelled out for JAX_PLATFORMS above
+SLURM_DEFAULTS = launch.SlurmOptions()
 
 
-def main(argv):
-    del argv
-    f = flags.FLAGS
-    results_dir = Path(f.results_dir)
-    if f.study:
-        print(f"wrote {study.write(results_dir, sweep.import_file(f.study, '--study'))}")
-        return
-    if f.adopt:
-        if f.config is None:
-            raise app.UsageError("--adopt needs --config (the sweep that shares another's runs)")
-        adopted = sweep.adopt_stored(sweep.load_module(f.config), results_dir)
-        print(f"adopted {len(adopted)} point(s): {', '.join(p.name for p in adopted) or 'none new'}")
-        return
-    if f.plan:
-        if f.config is None or f.target is None:
-            raise app.UsageError("--plan needs --config (a sweep config) and --target")
-        target = aot.parse_target(f.target)
-        data, model = aot.parse_mesh(f.mesh)
-        print(plan.table(plan.plan(sweep.load_module(f.config), target, data, model), target))
-        return
-    if f.collect:
-        names = [sweep.load_module(f.config).SWEEP_NAME] if f.config else None
-        for path in sweep_tables.collect(results_dir, names):
-            print(f"wrote {path}")
-        return
-    if f.config is None or f.workdir is None:
-        raise app.UsageError("--config and --workdir are required unless --collect")
-    if f.launcher == "local" and (given := [n for n in SLURM_FLAGS if f[n].present]):
+def parse_arguments(argv: list[str]):
+    """The subcommand and its flags (absl's own, e.g. --verbosity, are accepted beside them, hidden in --help)."""
+    parser = argparse_flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+
+    def command(name, handler, help, config, config_required=True, results=True):
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.set_defaults(handler=handler)
+        sub.add_argument("--config", required=config_required, help=config)
+        if results:
+            sub.add_argument(
+                "--results_dir",
+                default="results",
+                help="finished points' files (NAME/...) and the tables NAME.md, NAME.csv, NAME.png (default results)",
+            )
+        return sub
+
+    sweep_config = (
+        "a sweep config file (configs/ablation_heads.py, ablation_kv.py, ablation_dk.py); PATH:packed, the "
+        "Table 3 sweeps' packed preset, stored as NAME_packed (sweeps.schema.variant)"
+    )
+    workdir = "the sweep's run directories (checkpoints): one subdirectory per point and seed"
+    sub = command("run", run, "train every unfinished point of a sweep, then collect its tables", sweep_config)
+    sub.add_argument("--workdir", required=True, help=workdir)
+    sub.add_argument("--seeds", type=int, default=3, help="seeds per point (0, 1, ..., or from SWEEP_FIRST_SEED)")
+    sub.add_argument("--jobs", type=int, default=1, help="--launcher local: points run at the same time")
+    sub.add_argument(
+        "--points_per_device",
+        type=int,
+        help="--launcher local: point processes per accelerator, each seeing one device and 1/K of its memory "
+        "(on a CPU: K at a time); instead of --jobs",
+    )
+    sub.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: subprocesses here; slurm: one submitit job per point",
+    )
+    for name, kind, meaning in (
+        ("partition", str, "partition ('': the cluster's default)"),
+        ("gpus", int, "GPUs per job"),
+        ("time_min", int, "time limit per job, minutes"),
+        ("cpus", int, "CPU cores per job"),
+    ):
+        default = getattr(SLURM_DEFAULTS, name)
+        sub.add_argument(f"--slurm_{name}", type=kind, help=f"--launcher slurm: {meaning} (default {default!r})")
+    sub.add_argument("--print_commands", action="store_true", help="print each unfinished point's command and exit")
+    sub.add_argument("--restart", action="store_true", help=argparse.SUPPRESS)  # `point`'s: refused
+
+    sub = command("point", one_point, "train and store one point (what `run` starts for each point)", sweep_config)
+    sub.add_argument("--workdir", required=True, help=workdir)
+    sub.add_argument("--point", required=True, help="the point, KEY=VALUE (e.g. h=8)")
+    sub.add_argument("--seed", type=int, required=True, help="its seed")
+    sub.add_argument(
+        "--restart",
+        action="store_true",
+        help="start the point afresh, the run its workdir holds moved to WORKDIR/NAME/previous/TIME/ "
+        "(a run that cannot resume, e.g. one stopped before its first checkpoint)",
+    )
+    sub.add_argument(
+        "--compilation_cache_dir",
+        help="the sweep's one persistent compilation cache, used by points whose "
+        "config.compilation_cache_dir is 'auto' (`run` passes its own)",
+    )
+
+    command(
+        "collect",
+        collect,
+        "rebuild the tables and plots from the results stored in --results_dir alone",
+        "a sweep config: collect that sweep only (default: every sweep stored)",
+        config_required=False,
+    )
+    command(
+        "study",
+        write_study,
+        "write RESULTS_DIR/STUDY_NAME.md, its sweeps' comparisons under one Holm family (sweeps/study.py), "
+        "from --results_dir alone",
+        "a study config (configs/table3_preset.py)",
+    )
+    sub = command(
+        "plan",
+        plan_sweep,
+        "compile every point's train step for --target (python -m bench.aot's compile) and print memory, "
+        "FLOPs and points a device; nothing is trained",
+        sweep_config,
+        results=False,
+    )
+    sub.add_argument(
+        "--target", required=True, help="tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e, tpu:v4:2x2x1, cuda:h100"
+    )
+    sub.add_argument("--mesh", default="-1,1", help="DATA,MODEL shards of each point's mesh (-1: the rest)")
+    command(
+        "adopt",
+        adopt,
+        "copy every seed the other sweeps have stored of this sweep's shared points (rows A's h = 8 for "
+        "rows B, KV, family; sweeps.adopt.adopt_stored); `collect` after",
+        "the sweep config that shares another's runs",
+    )
+    return parser.parse_args(argv[1:])
+
+
+def run(args) -> None:
+    given = [name for name, value in vars(args).items() if name.startswith("slurm_") and value is not None]
+    if args.launcher == "local" and given:
         raise ValueError(f"--{given[0]} applies to --launcher slurm only, got --launcher local")
-    if f.launcher == "slurm" and f.points_per_device is not None:
+    if args.launcher == "slurm" and args.points_per_device is not None:
         raise ValueError(
             "--points_per_device applies to --launcher local only (a SLURM job gets its own devices: --slurm_gpus)"
         )
-    if f.restart and not f.point:  # one point, named: a whole sweep started over would discard every run in --workdir
-        raise ValueError("--restart applies to one point: give --point KEY=VALUE and --seed K")
-    workdir = Path(f.workdir)
-    module = sweep.load_module(f.config)
-    if f.point:
-        logs.configure(verbose=f.verbosity >= 1, main_process=True)  # the point's training log, quiet as train.py's
-        cache_dir = Path(f.compilation_cache_dir) if f.compilation_cache_dir else None
-        sweep.run_point(
-            f.config, workdir, sweep.parse_point(f.point, f.seed, module), results_dir, cache_dir, f.restart
-        )
-        return
-    if f.print_commands:
-        for point in sweep.pending(results_dir, f.config, module, f.seeds):
-            print(
-                sweep.shell_line(
-                    sweep.point_command(
-                        ["python", "sweep.py"], f.config, workdir, results_dir, point, sweep.sweep_cache_dir()
-                    )
-                )
+    if args.restart:  # one point, named: a whole sweep started over would discard every run in --workdir
+        raise ValueError("--restart applies to one point: give --point KEY=VALUE and --seed K (sweep.py point)")
+    workdir, results_dir = Path(args.workdir), Path(args.results_dir)
+    module = schema.load_module(args.config)
+    if args.print_commands:
+        for p in launch.pending(results_dir, args.config, module, args.seeds):
+            command = launch.point_command(
+                ["python", "sweep.py"], args.config, workdir, results_dir, p, launch.sweep_cache_dir()
             )
+            print(launch.shell_line(command))
         return
     program = [sys.executable, str(Path(__file__).resolve())]
-    if f.launcher == "slurm":
-        options = launch.SlurmOptions(f.slurm_partition, f.slurm_gpus, f.slurm_time_min, f.slurm_cpus)
-        failed = launch.wait(launch.submit(program, f.config, workdir, results_dir, f.seeds, options))
+    if args.launcher == "slurm":
+        options = launch.SlurmOptions(
+            **{
+                n: v
+                for n in ("partition", "gpus", "time_min", "cpus")
+                if (v := getattr(args, f"slurm_{n}")) is not None
+            }
+        )
+        failed = launch.wait(launch.submit(program, args.config, workdir, results_dir, args.seeds, options))
     else:
-        failed = sweep.run_sweep(program, f.config, workdir, results_dir, f.seeds, f.jobs, f.points_per_device)
+        failed = launch.run_sweep(
+            program, args.config, workdir, results_dir, args.seeds, args.jobs, args.points_per_device
+        )
     for path in sweep_tables.collect(results_dir, [module.SWEEP_NAME]):
         print(f"wrote {path}")
     if failed:
         sys.exit(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}; see WORKDIR/NAME.log")
 
 
+def one_point(args) -> None:
+    logs.configure(verbose=flags.FLAGS.verbosity >= 1, main_process=True)  # the training log, quiet as train.py's
+    module = schema.load_module(args.config)
+    cache_dir = Path(args.compilation_cache_dir) if args.compilation_cache_dir else None
+    point_run.run_point(
+        args.config,
+        Path(args.workdir),
+        schema.parse_point(args.point, args.seed, module),
+        Path(args.results_dir),
+        cache_dir,
+        args.restart,
+    )
+
+
+def collect(args) -> None:
+    names = [schema.load_module(args.config).SWEEP_NAME] if args.config else None
+    for path in sweep_tables.collect(Path(args.results_dir), names):
+        print(f"wrote {path}")
+
+
+def write_study(args) -> None:
+    print(f"wrote {study.write(Path(args.results_dir), schema.import_file(args.config))}")
+
+
+def plan_sweep(args) -> None:
+    target = aot.parse_target(args.target)
+    data, model = aot.parse_mesh(args.mesh)
+    print(plan.table(plan.plan(schema.load_module(args.config), target, data, model), target))
+
+
+def adopt(args) -> None:
+    adopted = adopt_stored(schema.load_module(args.config), Path(args.results_dir))
+    print(f"adopted {len(adopted)} point(s): {', '.join(p.name for p in adopted) or 'none new'}")
+
+
+def main(args) -> None:
+    args.handler(args)
+
+
 if __name__ == "__main__":
-    errors.run_reporting_user_errors("sweep.py", lambda: app.run(main))
+    errors.run_reporting_user_errors("sweep.py", lambda: app.run(main, flags_parser=parse_arguments))

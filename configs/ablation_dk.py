@@ -5,7 +5,7 @@ At h = 8 the value width per head stays d_v = d_model / 8 and the query/key widt
 Only the Q/K projections and the score computation shrink. One point is an ordinary config:
 
     python train.py --config configs/ablation_dk.py:dk=16 --workdir runs/dk16
-    python sweep.py --config configs/ablation_dk.py --workdir runs/dk --seeds 3
+    python sweep.py run --config configs/ablation_dk.py --workdir runs/dk --seeds 3
 """
 
 from configs import default, table3_preset

@@ -11,7 +11,7 @@ decode), linformer in the encoder and the cross-attention (it cannot be causal),
 self-attentions; performer, entmax and mla everywhere (models/transformer.py, `_attention`).
 
     python train.py --config configs/ablation_family.py:attention=performer --workdir runs/performer
-    python sweep.py --config configs/ablation_family.py --workdir runs/family --seeds 2
+    python sweep.py run --config configs/ablation_family.py --workdir runs/family --seeds 2
 """
 
 from configs import default, table3_preset

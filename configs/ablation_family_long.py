@@ -7,7 +7,7 @@ their price at a fixed budget. Here every point, softmax included, trains 1.5x a
 same schedule shape (300 warm-up steps, cosine to zero at the last step) and each member's options
 from the family sweep, so the gap to softmax is measured at the plateau, under one step count.
 
-    python sweep.py --config configs/ablation_family_long.py --workdir runs/family_long --seeds 2
+    python sweep.py run --config configs/ablation_family_long.py --workdir runs/family_long --seeds 2
 """
 
 from configs import ablation_family, table3_preset

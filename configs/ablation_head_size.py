@@ -14,7 +14,7 @@ h8_dk8 against h32_dk8 is "more heads" at a fixed head size; h8_dk8 against h8_d
 heads" at a fixed count; h32_dk16 against h32_dk8 is the paper's head size at h = 32.
 
     python train.py --config configs/ablation_head_size.py:shape=h32_dk16 --workdir runs/h32_dk16
-    python sweep.py --config configs/ablation_head_size.py --workdir runs/head_size --seeds 3
+    python sweep.py run --config configs/ablation_head_size.py --workdir runs/head_size --seeds 3
 """
 
 from configs import default, table3_preset

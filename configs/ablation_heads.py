@@ -5,8 +5,8 @@ parameter count; everything else (configs/table3_preset.py) is equal across poin
 an ordinary config:
 
     python train.py --config configs/ablation_heads.py:h=16 --workdir runs/h16
-    python sweep.py --config configs/ablation_heads.py --workdir runs/heads --seeds 3
-    python sweep.py --config configs/ablation_heads.py:packed --workdir runs/heads_packed
+    python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3
+    python sweep.py run --config configs/ablation_heads.py:packed --workdir runs/heads_packed
         # the packed preset: results/heads_packed/
 """
 

@@ -18,7 +18,7 @@ best-dev-loss checkpoint, so an 8,000-step run can be scored well before step 8,
 step 4,800, results/heads_budget.md).
 
     python train.py --config configs/ablation_heads_budget.py:run=h32_8000 --workdir runs/h32_8000
-    python sweep.py --config configs/ablation_heads_budget.py --workdir runs/heads_budget --seeds 2
+    python sweep.py run --config configs/ablation_heads_budget.py --workdir runs/heads_budget --seeds 2
 """
 
 from configs import default, table3_preset

@@ -4,7 +4,7 @@ num_kv_heads takes h, h/2, h/4 and 1 with everything else (h, d_k, data, steps) 
 K/V projections and the decode cache shrink. One point is an ordinary config:
 
     python train.py --config configs/ablation_kv.py:kv=2 --workdir runs/kv2
-    python sweep.py --config configs/ablation_kv.py --workdir runs/kv --seeds 3
+    python sweep.py run --config configs/ablation_kv.py --workdir runs/kv --seeds 3
 """
 
 from configs import default, table3_preset

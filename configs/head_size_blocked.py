@@ -16,7 +16,7 @@ Every point trains on the Table 3 preset (configs/table3_preset.py, length bucke
 committed Table 3 point); nothing is shared with the other sweeps: each run here is new. The
 comparisons and their test are fixed in results/preregistration.md (seed as block).
 
-    python sweep.py --config configs/head_size_blocked.py --workdir runs/head_size_blocked --seeds 5
+    python sweep.py run --config configs/head_size_blocked.py --workdir runs/head_size_blocked --seeds 5
 """
 
 from configs import default, table3_preset

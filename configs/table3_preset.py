@@ -10,8 +10,8 @@ compute of 2048, which trained better in a fixed time (results/small_25min/READM
 
 Every Table 3 sweep config also takes the packed variant (`pack`) as an item of its argument,
 `takes_packed`: `python train.py --config configs/ablation_heads.py:h=8,packed` (`:packed` alone: the
-reference point), and a whole sweep of it is `python sweep.py --config configs/ablation_heads.py:packed`,
-stored under its own name (results/heads_packed/: `SWEEP_VARIANTS`, sweeps/sweep.py `load_module`).
+reference point), and a whole sweep of it is `python sweep.py run --config configs/ablation_heads.py:packed`,
+stored under its own name (results/heads_packed/: `SWEEP_VARIANTS`, sweeps/schema.py `load_module`).
 """
 
 import functools
@@ -20,13 +20,13 @@ D_MODEL = 256  # d_model of every point: rows A split it over h heads, rows B fi
 PACK_LENGTH = 64  # the packed variant's row length (as configs/default.py packs): one training shape
 EVAL_LENGTHS = (64,)  # the packed variant's fixed evaluation lengths (model.max_len added): Multi30k's dev set fits 64
 PACKED = "packed"  # the config argument's item that selects `pack` (configs/ablation_heads.py:h=8,packed)
-# what a Table 3 sweep config's SWEEP_VARIANTS names: `sweep.py --config configs/ablation_heads.py:packed` runs
+# what a Table 3 sweep config's SWEEP_VARIANTS names: `sweep.py run --config configs/ablation_heads.py:packed` runs
 # every point with ",packed" added to its argument, stored as SWEEP_NAME + "_packed" (packed points compare with
 # packed points only)
 SWEEP_VARIANTS = (PACKED,)
 NUM_TRAIN_STEPS = 4000  # see the docstring and results/plateau/ (about 7.6 epochs of Multi30k at 1024 slots a batch)
 
-# Every comparison results/table3.md reads, as one study (`python sweep.py --study configs/table3_preset.py`:
+# Every comparison results/table3.md reads, as one study (`python sweep.py study --config configs/table3_preset.py`:
 # one Holm family over all of them, beside each sweep's own): rows A and B and KV sharing against the
 # reference, the head-size decomposition, and the budget's two comparisons rows A lacks. Head size's
 # h8_dk32 -> h32_dk8 and the budget's h8_4000 -> h32_4000 are rows A's h = 8 -> 32 (the same runs), so

@@ -1,1 +1,3 @@
-"""Config sweeps: running their points (`sweep`) and the tables and plots built from them (`tables`)."""
+"""Config sweeps: a sweep config and its points (`schema`), one point's run (`point_run`), launching the points
+(`launch`), runs shared between sweeps (`adopt`), the stored results (`store`) and what is built from them
+(`tables`, `significance`, `curves`, `study`), and compile-only plans (`plan`)."""

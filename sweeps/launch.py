@@ -1,19 +1,207 @@
-"""Sweeps on a cluster through submitit: one scheduler job per (point, seed), each the point's own command.
+"""Launching a sweep's points: each unfinished (point, seed) runs as its own process (`point_command`).
 
-The job runs exactly what `--launcher local` runs in a subprocess (`sweep.point_command`), so a point
-resumes, skips and stores its results the same way wherever it runs. A point that spans hosts keeps
-using jax.distributed as train.py does (its SLURM environment is detected by training.parallel.distributed).
+`point_command` is one point's `sweep.py point` command line; `pending` is what a start of the sweep has left
+to train (it writes sweep.json and adopts shared points' seeds first: sweeps/adopt.py). Two launchers run those
+points, each as the point's own command, so a point resumes, skips and stores its results the same way
+wherever it runs:
+
+- the local launcher (`run_sweep`): subprocesses of this machine, `jobs` at a time, or `points_per_device` K
+  at a time on each accelerator, each process seeing one device and a 1/K share of its memory (on a CPU,
+  K points at a time: `slot_environments`);
+- the SLURM launcher (`submit`, `wait`): one submitit job per point. A point that spans hosts keeps using
+  jax.distributed as train.py does (its SLURM environment is detected by training.parallel.distributed).
+
+Every point of a sweep compiles through one persistent compilation cache (`sweep_cache_dir`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import ModuleType
 
 import submitit
 
-from sweeps import sweep
+from training.core import compile_cache
+from sweeps import adopt, schema, store
+from sweeps.point_run import LOCK_FILE
+from sweeps.schema import Point
+
+
+def point_command(
+    program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point, cache_dir: Path | None = None
+) -> list[str]:
+    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point, its `point` subcommand: what a
+    launcher starts. `cache_dir`: the sweep's one persistent compilation cache (`sweep_cache_dir`), for points
+    whose config says 'auto'."""
+    cache = ["--compilation_cache_dir", str(cache_dir)] if cache_dir else []
+    return [
+        *program,
+        "point",
+        "--config",
+        str(config_path),
+        "--workdir",
+        str(workdir),
+        "--results_dir",
+        str(results_dir),
+        *cache,
+        "--point",
+        point.arg,
+        "--seed",
+        str(point.seed),
+    ]
+
+
+def sweep_cache_dir() -> Path | None:
+    """The persistent compilation cache every point of a sweep started here compiles through: what
+    config.compilation_cache_dir 'auto' means in this process, resolved once, so that points with the same
+    shapes compile each program once between them, wherever a launcher runs them (a shared filesystem)."""
+    return compile_cache.cache_dir("auto")
+
+
+def slot_environments(
+    platform: str, devices: int, points_per_device: int, visible: str | None = None
+) -> list[dict[str, str]]:
+    """One environment per point that may run at once: `points_per_device` per accelerator, each process seeing
+    one device (CUDA_VISIBLE_DEVICES, an entry of `visible` when the sweep itself was limited to some) and a
+    1/K share of its memory (XLA_PYTHON_CLIENT_MEM_FRACTION, 95 % of it split K ways); on a CPU, K plain slots."""
+    if not isinstance(points_per_device, int) or isinstance(points_per_device, bool) or points_per_device < 1:
+        raise ValueError(f"--points_per_device must be a positive int, got {points_per_device!r}")
+    if platform == "cpu":
+        return [{} for _ in range(points_per_device)]
+    if platform != "gpu":
+        raise ValueError(
+            "--points_per_device: the local launcher shares GPUs or a CPU between point processes, "
+            f"got platform {platform!r}"
+        )
+    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(devices)]
+    fraction = f"{0.95 / points_per_device:.3f}"
+    return [
+        {"CUDA_VISIBLE_DEVICES": device, "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction}
+        for _ in range(points_per_device)
+        for device in ids[:devices]
+    ]
+
+
+def local_devices() -> tuple[str, int]:
+    """(platform, device count) of this machine, asked of a child process so that this one never takes GPU memory."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.default_backend(), jax.local_device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"could not list this machine's JAX devices: {done.stderr.strip().splitlines()[-1:]}")
+    platform, count = done.stdout.split()[-2:]
+    return platform, int(count)
+
+
+def shell_line(command: list[str]) -> str:
+    return " ".join(shlex.quote(part) for part in command)
+
+
+def unfinished(module: ModuleType, seeds: int, results_dir: Path) -> list[Point]:
+    return [p for p in schema.points(module, seeds) if not store.is_finished(schema.sweep_dir(results_dir, module), p)]
+
+
+def pending(results_dir: Path, config_path: str, module: ModuleType, seeds: int) -> list[Point]:
+    """What a start of the sweep has left to train: writes sweep.json, adopts shared points' seeds."""
+    schema.write_spec(results_dir, config_path, module, seeds)
+    adopt.adopt_shared(module, schema.points(module, seeds), results_dir)
+    return unfinished(module, seeds, results_dir)
+
+
+def run_sweep(
+    program: list[str],
+    config_path: str,
+    workdir: Path,
+    results_dir: Path,
+    seeds: int,
+    jobs: int = 1,
+    points_per_device: int | None = None,
+) -> list[Point]:
+    """Run every unfinished point as its own process on this machine (`jobs` at a time, or `points_per_device`
+    on each accelerator: `slot_environments`); return the points that failed.
+
+    Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
+    latest checkpoint and skips finished ones; its log goes to WORKDIR/KEYVALUE_seedK.log. Every point
+    compiles through one persistent cache (`sweep_cache_dir`).
+    """
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
+    if points_per_device is None:
+        slots = [{} for _ in range(jobs)]
+    elif jobs != 1:
+        raise ValueError(
+            f"--jobs {jobs} and --points_per_device {points_per_device}: give one (points_per_device sets how many run)"
+        )
+    else:
+        slots = slot_environments(*local_devices(), points_per_device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    module = schema.load_module(config_path)
+    todo = pending(results_dir, config_path, module, seeds)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    running: list[tuple[Point, subprocess.Popen, object, int]] = []
+    failed: list[Point] = []
+    # SIGTERM's default action ends this process at once and would orphan the points, which train on;
+    # as an exit, it reaches the `finally` below, which passes it on and waits for their checkpoints.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        _drive(
+            program,
+            config_path,
+            Path(workdir),
+            Path(results_dir),
+            schema.sweep_dir(results_dir, module),
+            slots,
+            todo,
+            running,
+            failed,
+        )
+    finally:  # interrupted: let the running points checkpoint (they save on SIGTERM), then leave
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the wait short
+        for _, process, log, _ in running:
+            process.terminate()
+        for _, process, log, _ in running:
+            process.wait()
+            log.close()
+        signal.signal(signal.SIGTERM, previous)
+    return failed
+
+
+def _drive(program, config_path, workdir, results_dir, out, slots, todo, running, failed):
+    cache_dir = sweep_cache_dir()
+    while todo or running:
+        while todo and len(running) < len(slots):
+            point = todo.pop(0)
+            slot = min(set(range(len(slots))) - {entry[3] for entry in running})
+            log = open(workdir / f"{point.name}.log", "a")
+            command = point_command(program, config_path, workdir, results_dir, point, cache_dir)
+            shown = " ".join(f"{k}={v}" for k, v in slots[slot].items())
+            print(f"[sweep] start {point.name}: {shown + ' ' if shown else ''}{shell_line(command)}", flush=True)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **slots[slot]})
+            running.append((point, process, log, slot))
+        time.sleep(1.0)
+        for entry in [e for e in running if e[1].poll() is not None]:
+            point, process, log, _ = entry
+            running.remove(entry)
+            log.close()
+            if process.returncode == 0 and not store.is_finished(out, point):
+                print(
+                    f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}", flush=True
+                )
+                continue
+            ok = process.returncode == 0
+            print(f"[sweep] {'done' if ok else 'FAILED'} {point.name} (exit {process.returncode})", flush=True)
+            if not ok:
+                failed.append(point)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,16 +248,16 @@ def submit(
     seeds: int,
     options: SlurmOptions,
     cluster: str = "slurm",
-) -> list[tuple[sweep.Point, submitit.Job]]:
+) -> list[tuple[Point, submitit.Job]]:
     """Submit one job per unfinished (point, seed); job logs go to WORKDIR/submitit/."""
-    module = sweep.load_module(config_path)
-    todo = sweep.pending(results_dir, config_path, module, seeds)
+    module = schema.load_module(config_path)
+    todo = pending(results_dir, config_path, module, seeds)
     ex = executor(Path(workdir) / "submitit", options, cluster)
     cwd = os.getcwd()
-    cache_dir = sweep.sweep_cache_dir()  # one compilation cache for every job (on the cluster's shared filesystem)
+    cache_dir = sweep_cache_dir()  # one compilation cache for every job (on the cluster's shared filesystem)
     commands = [
         submitit.helpers.CommandFunction(
-            sweep.point_command(program, config_path, workdir, results_dir, p, cache_dir), cwd=cwd
+            point_command(program, config_path, workdir, results_dir, p, cache_dir), cwd=cwd
         )
         for p in todo
     ]
@@ -79,7 +267,7 @@ def submit(
     return list(zip(todo, jobs))
 
 
-def wait(submitted: list[tuple[sweep.Point, submitit.Job]]) -> list[sweep.Point]:
+def wait(submitted: list[tuple[Point, submitit.Job]]) -> list[Point]:
     """Wait for every job; return the points whose job failed."""
     failed = []
     for point, job in submitted:
@@ -87,9 +275,7 @@ def wait(submitted: list[tuple[sweep.Point, submitit.Job]]) -> list[sweep.Point]
             job.result()
             print(f"[sweep] done {point.name} (job {job.job_id})", flush=True)
         except Exception as error:
-            print(
-                f"[sweep] FAILED {point.name} (job {job.job_id}): {str(error).splitlines()[0] if str(error) else type(error).__name__}",
-                flush=True,
-            )
+            why = str(error).splitlines()[0] if str(error) else type(error).__name__
+            print(f"[sweep] FAILED {point.name} (job {job.job_id}): {why}", flush=True)
             failed.append(point)
     return failed

@@ -3,7 +3,7 @@
 `plan` compiles each value of a sweep config (one seed: seeds share every shape) for a TPU or GPU target
 with `training.run.aot` and reports, per point, the memory a device needs, its share of the chip, the
 FLOPs of one step, and how many points one device could hold at once: `floor(0.95 * HBM / needs)`,
-the 95 % the local launcher splits between `--points_per_device` processes (`sweep.slot_environments`;
+the 95 % the local launcher splits between `--points_per_device` processes (`launch.slot_environments`;
 that launcher shares GPUs and CPUs: on a GPU the figure is the flag to pass, on a TPU it says what memory
 allows, not a flag to pass).
 """
@@ -19,7 +19,7 @@ SHARED_FRACTION = 0.95  # of a device's memory, split between the points sharing
 
 
 def plan(module: ModuleType, target: aot.Target, data: int = -1, model: int = 1, devices=None) -> list[dict]:
-    """[{point, needs_bytes, hbm_share, flops, points_per_device, compile_s, refused}] for each of the sweep's values."""
+    """[{point, needs_bytes, hbm_share, flops, points_per_device, compile_s, refused}], one per sweep value."""
     devices = aot.compile_only_devices(target) if devices is None else devices
     rows = []
     for value in module.SWEEP_VALUES:

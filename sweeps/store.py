@@ -78,7 +78,7 @@ def write_spec(sweep_dir: Path, spec: dict) -> None:
 def read_spec(sweep_dir: Path) -> dict:
     path = Path(sweep_dir) / SPEC_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: start the sweep with sweep.py --config ... first")
+        raise FileNotFoundError(f"{path} is missing: start the sweep with sweep.py run --config ... first")
     return json.loads(path.read_text())
 
 

@@ -9,9 +9,9 @@ or seeds are not stored yet (fewer than two a side: no Welch test) counts as p =
 `planned`), so a verdict does not weaken as the study fills up. Beside it, as each sweep's table has them:
 the batch (commit × CPU kind) of every seed and the two sensitivity analyses (no verdicts) over the same
 family, the pooled variance over every distinct point the study compares (a run copied into several
-sweeps counts once, as the point it ran as).
+sweeps counts once, as the point it ran as). Its prose is sweeps/templates/study.md (`tables.fill`).
 
-    python sweep.py --study configs/table3_preset.py    # RESULTS_DIR/STUDY_NAME.md
+    python sweep.py study --config configs/table3_preset.py    # RESULTS_DIR/STUDY_NAME.md
 """
 
 from __future__ import annotations
@@ -114,16 +114,10 @@ def study_markdown(results_dir: Path, study: Sequence[Comparison], title: str) -
             + " | ".join(tables.comparison_cells(test))
             + " |"
         )
-    lines.append(f"""
-Written by `python sweep.py --study` from the sweeps' stored results alone. Each row is one comparison of
-the sweep's own table (its value against the reference, or a named contrast), over seeds: the difference
-is the mean test BLEU of "to"'s seeds minus "from"'s, with Welch's 95 % interval, Hedges' g and Welch's
-two-sided p, as in each sweep's table. Holm's adjustment runs over all {n} comparisons here (those not run
-yet, or with fewer than two seeds a side, count as p = 1), for the difference and for the equivalence (TOST ±{significance.MARGIN:g} BLEU) tests alike;
-each sweep's own table adjusts over its own comparisons only, so a verdict there can be "lower" and
-"undetermined" here. A verdict that holds in this table holds for the study as a whole.
-{tables.detectable_text(n, f"the study's {n}")}.
-""")
+    note = tables.fill(
+        "study", n=n, margin=f"{significance.MARGIN:g}", detectable=tables.detectable_text(n, f"the study's {n}")
+    )
+    lines.append(f"\n{note}\n")
     return "\n".join(lines) + "\n" + study_sensitivity_markdown(results_dir, study, compared)
 
 

@@ -1,11 +1,19 @@
-"""Tables (markdown, CSV) and plots of a sweep, rebuilt from its committed files alone (sweeps/store.py)."""
+"""Tables (markdown, CSV) and plots of a sweep, rebuilt from its committed files alone (sweeps/store.py).
+
+The prose around the tables (how each is computed, what a column means) lives in sweeps/templates/NAME.md, one
+`string.Template` a file (`${field}` placeholders; the file's final newline is not part of the text): the code
+formats the numbers and fills the fields (`fill`), the text reads as text. The templates are read from the
+checkout beside this module (sweeps/ is not in the wheel, which holds `attention` alone).
+"""
 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import statistics
+import string
 from pathlib import Path
 
 import matplotlib
@@ -85,6 +93,18 @@ X_LABELS = {
     "attention": "attention_type (h = 8)",
 }
 DECODE_PANEL = ("kv", "attention")  # sweeps whose plot adds decode speed and cache size
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+@functools.cache
+def template(name: str) -> string.Template:
+    """sweeps/templates/NAME.md as a template, less the newline that ends the file."""
+    return string.Template((TEMPLATES / f"{name}.md").read_text(encoding="utf-8").removesuffix("\n"))
+
+
+def fill(name: str, **fields: object) -> str:
+    """The text of template `name` with its `fields` filled in (a field it names but is not given: KeyError)."""
+    return template(name).substitute(fields)
 
 
 def collect(results_dir: Path, names: list[str] | None = None) -> list[Path]:
@@ -208,10 +228,13 @@ COMPARISON_TITLES = [
 
 def detectable_text(family: int, what: str) -> str:
     """How the detectable-difference column is computed, with its level for a Holm family of `family`."""
-    level = significance.ALPHA / family
-    return (
-        f"Detectable difference: what a two-sided t test at {significance.ALPHA:g} / {family} = {level:.4f} (Holm's "
-        f"strictest step over {what}) finds with {significance.POWER * 100:g} % power at these seeds' spread (the noncentral t)"
+    return fill(
+        "detectable",
+        alpha=f"{significance.ALPHA:g}",
+        family=family,
+        level=f"{significance.ALPHA / family:.4f}",
+        what=what,
+        power=f"{significance.POWER * 100:g}",
     )
 
 
@@ -262,16 +285,15 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     holm_m = significance.family_size([c.p for c in compared.values()], len(spec["values"]) - 1)
     lines.append("\n" + verdict_line(key, compared))
-    lines.append(f"""
-Each seed is one training run, scored with beam 4 on {spec.get("test_split") or "the test split"} at its best-dev-loss checkpoint
-(the scored steps; the runs train to the step after "of"). Difference: mean test BLEU of the row's seeds minus the
-reference's, with Welch's 95 % confidence interval; Hedges' g: that difference in pooled seed sds (small-sample
-corrected); p: Welch's two-sided t test, seeds as the unit of replication; Holm: adjusted over this table's {holm_m}
-comparison{"" if holm_m == 1 else "s"}. Equivalence: two one-sided tests that the difference lies within ±{significance.MARGIN:g} BLEU (about
-one seed's sd here), Holm-adjusted. {detectable_text(holm_m, "this table's comparisons")}. Verdict: **lower**/**higher** when the Holm-adjusted p < 0.05, "equivalent within
-±{significance.MARGIN:g}" when the Holm-adjusted equivalence p < 0.05, else undetermined (docs/sweeps.md,
-"Significance").
-""")
+    note = fill(
+        "seed_table",
+        test_split=spec.get("test_split") or "the test split",
+        holm_m=holm_m,
+        comparisons="comparison" if holm_m == 1 else "comparisons",
+        margin=f"{significance.MARGIN:g}",
+        detectable=detectable_text(holm_m, "this table's comparisons"),
+    )
+    lines.append(f"\n{note}\n")
     return "\n".join(lines) + "\n"
 
 
@@ -314,10 +336,7 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
             + " |"
         )
     family = significance.family_size([c.p for c in tests.values()], len(contrasts))
-    lines.append(
-        "\nDifference: mean test BLEU of the right-hand value's seeds minus the left-hand one's; the columns as "
-        f"in the table above, Holm over these {family} comparisons. {detectable_text(family, 'these comparisons')}.\n"
-    )
+    lines.append(f"\n{fill('contrasts', family=family, detectable=detectable_text(family, 'these comparisons'))}\n")
     return "\n".join(lines) + "\n"
 
 
@@ -347,10 +366,7 @@ def per_seed_markdown(results: list[dict], spec: dict) -> str:
         lines.append(
             f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} | {letters[batch_label(r)]} |"
         )
-    lines.append(
-        "\nScored step: the checkpoint with the lowest dev loss, which every score of the run is computed at. "
-        "Batch: the run's commit × CPU kind (Batches, above).\n"
-    )
+    lines.append(f"\n{fill('per_seed')}\n")
     return "\n".join(lines) + "\n"
 
 
@@ -393,11 +409,7 @@ def batches_legend(groups: dict[object, list[dict]], key: str, letters: dict[str
             continue
         named = "; ".join(f"{point}: {', '.join(map(str, seeds))}" for point, seeds in runs[label].items())
         lines.append(f"| {letter} | {label} | {named} |")
-    lines.append(
-        "\nA batch is the commit a run trained on × the CPU kind that ran it (result.json's `commit` and `machine`; "
-        '"unrecorded" where it has none). The preset\'s training differs in its last bits across CPU kinds '
-        "(results/README.md), so a comparison whose sides ran in different batches also compares batches.\n"
-    )
+    lines.append(f"\n{fill('batches')}\n")
     return "\n".join(lines) + "\n"
 
 
@@ -487,18 +499,7 @@ def _seed_list(seeds: tuple[int, ...]) -> str:
 
 def sensitivity_text(family: str, runs: int, points: int) -> str:
     """What the sensitivity tables compute; `family`: which comparisons each Holm adjustment runs over."""
-    return (
-        f"Sensitivity analyses re-test the primary comparisons under two other models of the seeds, so that a reader "
-        f"sees how much the reading leans on Welch's; they give no verdicts (the primary table does). Seeds as blocks: "
-        f"a seed fixes the data order of every point that runs it, so seed k of two points covary; the paired t test "
-        f"takes the difference within each seed both sides have (paired seeds; how many of those pairs ran in one "
-        f"batch), two-sided, Holm over {family}. "
-        f"Pooled variance: one residual variance pooled over all {runs} runs of the {points} points (one-way ANOVA's "
-        f"within-point mean square, {runs - points} df), each difference tested against it (se s √(1/n₁ + 1/n₂)), "
-        f"two-sided, Holm over {family}: it assumes every point as noisy as every other, which Welch does not. "
-        f"Batches by seed: the batch letter of each seed, in seed order (Batches, above); a comparison crosses batches "
-        f"when its seeds ran in more than one."
-    )
+    return fill("sensitivity", family=family, runs=runs, points=points, df=runs - points)
 
 
 def batch_summary(comparisons: dict[str, tuple], groups: dict[object, list[dict]]) -> str:
@@ -508,7 +509,7 @@ def batch_summary(comparisons: dict[str, tuple], groups: dict[object, list[dict]
         flag: [label for label, (a, b) in ready.items() if crosses_batches(groups[a] + groups[b]) == flag]
         for flag in (False, True)
     }
-    return f"**Batches.** Within one batch: {'; '.join(split[False]) or 'none'}. Crossing batches: {'; '.join(split[True]) or 'none'}."
+    return fill("batch_summary", within="; ".join(split[False]) or "none", crossing="; ".join(split[True]) or "none")
 
 
 def sweep_sensitivity_markdown(results: list[dict], spec: dict) -> str:
@@ -646,15 +647,8 @@ def markdown(rows: list[dict], spec: dict) -> str:
         cells.append(row["commits"])
         cells.append(row["machines"])
         lines.append("| " + " | ".join(cells) + " |")
-    note = (
-        f"\nMean ± sample sd over seeds. Per seed pair (secondary): sacreBLEU's paired approximate randomization "
-        f"({significance.AR_TRIALS:,} trials, two-sided) of test BLEU, seed k of the point against seed k of "
-        f"{key}={reference}, one p per seed pair, unadjusted: it holds the two trained models fixed, so it tests "
-        f"the test set's sampling, not the configuration (the seed-level table above does). Speed columns "
-        f"(tokens/s, wall s) are means over the row's runs, each timed on the machine named in machines: they compare "
-        f"only between rows timed on one machine.\n"
-    )
-    return "\n".join(lines) + "\n" + note
+    note = fill("means", trials=f"{significance.AR_TRIALS:,}", key=key, reference=reference)
+    return "\n".join(lines) + "\n" + f"\n{note}\n"
 
 
 def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict) -> str:
@@ -687,10 +681,7 @@ def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict
             f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']], '.2f')} | "
             f"{steps:,.0f}{spread(entry['steps'], ',.0f')} | {ratio} | {len(entry['final'])} |"
         )
-    lines.append(
-        f"\nDev loss is the NLL per target token. Steps to {target:.3f} (the highest final dev loss of any run, "
-        "so every run reaches it) are interpolated linearly between evaluations; mean ± sd over seeds.\n"
-    )
+    lines.append(f"\n{fill('curves', target=f'{target:.3f}')}\n")
     return "\n".join(lines) + "\n"
 
 

@@ -23,5 +23,5 @@ def test_training_never_imports_sweeps():
     }
     assert {p: m for p, m in offenders.items() if m} == {}
     assert any(
-        m.startswith("training") for m in imported_modules(ROOT / "sweeps" / "sweep.py")
+        m.startswith("training") for m in imported_modules(ROOT / "sweeps" / "point_run.py")
     )  # the scan sees imports

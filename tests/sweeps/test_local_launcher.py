@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import sweep
+from sweeps import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests/sweeps/tiny_sweep.py"
 
-# Stands in for `sweep.py --point`: records its command line, environment and lifetime, then exits (storing nothing).
+# Stands in for `sweep.py point`: records its command line, environment and lifetime, then exits (storing nothing).
 FAKE_POINT = """import json, os, pathlib, sys, time
 args = sys.argv[1:]
 out = pathlib.Path(args[args.index("--workdir") + 1])
@@ -28,7 +28,7 @@ time.sleep(1.5)
 
 def test_points_per_device_runs_k_points_at_a_time_on_a_cpu_through_one_cache(tmp_path):
     (tmp_path / "point.py").write_text(FAKE_POINT)
-    failed = sweep.run_sweep(
+    failed = launch.run_sweep(
         [sys.executable, str(tmp_path / "point.py")],
         str(CONFIG),
         tmp_path,
@@ -50,24 +50,24 @@ def test_points_per_device_runs_k_points_at_a_time_on_a_cpu_through_one_cache(tm
     # config.compilation_cache_dir 'auto' names in the sweep's process
     assert all(r["env"] == {"CUDA_VISIBLE_DEVICES": None, "XLA_PYTHON_CLIENT_MEM_FRACTION": None} for r in runs)
     caches = {r["args"][r["args"].index("--compilation_cache_dir") + 1] for r in runs}
-    assert caches == {str(sweep.sweep_cache_dir())}
+    assert caches == {str(launch.sweep_cache_dir())}
 
 
 def test_points_per_device_on_gpus_gives_each_process_one_device_and_a_memory_share():
-    slots = sweep.slot_environments("gpu", 2, 3)
+    slots = launch.slot_environments("gpu", 2, 3)
     assert [s["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0", "1"] * 3  # spread over the devices first
     assert {s["XLA_PYTHON_CLIENT_MEM_FRACTION"] for s in slots} == {"0.317"}  # 0.95 / 3
     # a sweep limited to some devices shares those
-    assert [s["CUDA_VISIBLE_DEVICES"] for s in sweep.slot_environments("gpu", 2, 1, visible="4,6")] == ["4", "6"]
-    assert sweep.slot_environments("cpu", 1, 3) == [{}, {}, {}]
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in launch.slot_environments("gpu", 2, 1, visible="4,6")] == ["4", "6"]
+    assert launch.slot_environments("cpu", 1, 3) == [{}, {}, {}]
     with pytest.raises(ValueError, match="--points_per_device"):
-        sweep.slot_environments("gpu", 1, 0)
+        launch.slot_environments("gpu", 1, 0)
     with pytest.raises(ValueError, match="platform 'tpu'"):
-        sweep.slot_environments("tpu", 4, 2)
+        launch.slot_environments("tpu", 4, 2)
 
 
 def test_local_devices_are_listed_without_taking_them():
-    platform, count = sweep.local_devices()
+    platform, count = launch.local_devices()
     assert platform in ("cpu", "gpu", "tpu") and count >= 1
 
 
@@ -97,6 +97,7 @@ def test_two_points_with_the_same_shapes_share_the_sweep_cache(tmp_path):
         [
             sys.executable,
             "sweep.py",
+            "run",
             "--config",
             str(config),
             "--workdir",
@@ -130,6 +131,7 @@ def test_points_per_device_is_for_the_local_launcher(tmp_path):
         [
             sys.executable,
             "sweep.py",
+            "run",
             "--config",
             str(CONFIG),
             "--workdir",

@@ -1,4 +1,4 @@
-"""`sweep.py --plan`: every point of a sweep compiled for a TPU target on this CPU, nothing trained.
+"""`sweep.py plan`: every point of a sweep compiled for a TPU target on this CPU, nothing trained.
 
 Marked slow (two TPU compiles: 82 s on a shared core here). Skipped where the libtpu wheel (the `aot` extra) is absent.
 """
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import plan, sweep
+from sweeps import plan, schema
 from training.run import aot
 
 TINY = Path(__file__).with_name("tiny_sweep.py")
@@ -18,7 +18,7 @@ TINY = Path(__file__).with_name("tiny_sweep.py")
     not aot.has_libtpu(), reason="the libtpu wheel is absent: pip install -c requirements.lock -e '.[aot]'"
 )
 def test_plan_compiles_each_point_for_the_target():
-    module, target = sweep.load_module(TINY), aot.parse_target("tpu:v5e")
+    module, target = schema.load_module(TINY), aot.parse_target("tpu:v5e")
     rows = plan.plan(module, target)
     assert [r["point"] for r in rows] == ["h=1", "h=2"]
     for r in rows:

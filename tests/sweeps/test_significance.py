@@ -104,7 +104,8 @@ def test_paired_randomization_is_two_sided():
 
 
 # Seed level. Hand-worked: point [1, 2, 3] against reference [4, 5, 6]: difference -3, each variance 1, so
-# se = sqrt(1/3 + 1/3) = 0.8165, Welch df = (2/3)^2 / (2 (1/3)^2 / 2) = 4, pooled sd 1, Hedges' g = -3 (1 - 3/15) = -2.4.
+# se = sqrt(1/3 + 1/3) = 0.8165, Welch df = (2/3)^2 / (2 (1/3)^2 / 2) = 4, pooled sd 1,
+# Hedges' g = -3 (1 - 3/15) = -2.4.
 
 
 def test_welch_against_hand_worked_numbers_and_scipy():

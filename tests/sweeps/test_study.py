@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from configs import table3_preset
-from sweeps import significance, store, study, sweep, tables
+from sweeps import schema, significance, store, study, tables
 from tests.sweeps.test_tables import cells_of
 
 
@@ -77,7 +77,7 @@ def test_a_bad_study_is_refused_naming_the_entry(tmp_path):
     config = tmp_path / "not_a_study.py"
     config.write_text("X = 1\n")
     with pytest.raises(ValueError, match="has no STUDY_NAME"):
-        study.write(tmp_path, sweep.import_file(config))
+        study.write(tmp_path, schema.import_file(config))
 
 
 def test_table3s_study_names_values_its_sweeps_have_and_no_comparison_twice():
@@ -88,12 +88,12 @@ def test_table3s_study_names_values_its_sweeps_have_and_no_comparison_twice():
         "head_size": "ablation_head_size",
         "heads_budget": "ablation_heads_budget",
     }
-    modules = {name: sweep.load_module(f"configs/{file}.py") for name, file in configs.items()}
+    modules = {name: schema.load_module(f"configs/{file}.py") for name, file in configs.items()}
     for name, start, to in table3_preset.STUDY:
         assert modules[name].SWEEP_NAME == name and {start, to} <= set(modules[name].SWEEP_VALUES)
     runs = set()  # each side as the run it is: a value shared from another sweep counts as that sweep's
     for name, start, to in table3_preset.STUDY:
-        shared = sweep.shared_points(modules[name])
+        shared = schema.shared_points(modules[name])
         pair = tuple(shared.get(v, (name, v)) for v in (start, to))
         assert pair not in runs, (name, start, to)
         runs.add(pair)

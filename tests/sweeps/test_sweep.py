@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import launch, sweep
+from sweeps import launch, point_run, schema
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +31,14 @@ def swept(tmp_path_factory):
     first = base / "tiny_h2.py"  # the same sweep (same SWEEP_NAME) with only its h = 2 point
     first.write_text((ROOT / CONFIG).read_text().replace("SWEEP_VALUES = (1, 2)", "SWEEP_VALUES = (2,)"))
     workdir, results = base / "machine1" / "runs", base / "machine1" / "results"
-    out = run_cli("--config", first, "--workdir", workdir, "--seeds", "1", "--jobs", "2", "--results_dir", results)
+    out = run_cli(
+        "run", "--config", first, "--workdir", workdir, "--seeds", "1", "--jobs", "2", "--results_dir", results
+    )
     # Machine 2: a checkout of the committed results only.
     results2 = base / "machine2" / "results"
     shutil.copytree(results, results2)
     workdir2 = base / "machine2" / "runs"
-    module = sweep.load_module(ROOT / CONFIG)
+    module = schema.load_module(ROOT / CONFIG)
     submitted = launch.submit(
         [sys.executable, str(ROOT / "sweep.py")],
         str(ROOT / CONFIG),
@@ -97,11 +99,12 @@ def test_every_point_runs_and_is_measured(swept):
 def test_finished_points_are_skipped(swept):
     results2 = swept["results2"]
     stamp = (swept["sweep"] / "h1" / "seed0" / "result.json").stat().st_mtime_ns
-    out = run_cli("--config", CONFIG, "--workdir", swept["workdir2"], "--seeds", "1", "--results_dir", results2)
+    out = run_cli("run", "--config", CONFIG, "--workdir", swept["workdir2"], "--seeds", "1", "--results_dir", results2)
     assert "[sweep] start" not in out
     assert (swept["sweep"] / "h1" / "seed0" / "result.json").stat().st_mtime_ns == stamp
     assert (
         run_cli(
+            "run",
             "--config",
             CONFIG,
             "--workdir",
@@ -131,7 +134,7 @@ def test_finished_points_are_skipped(swept):
 def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp_path):
     results = tmp_path / "checkout" / "results"  # no runs/ anywhere near it
     shutil.copytree(swept["results2"], results, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
-    run_cli("--collect", "--results_dir", results)
+    run_cli("collect", "--results_dir", results)
     text = (results / "tiny_heads.md").read_text()
     assert text.startswith("## Test BLEU against h = 2, over seeds (the primary result)")  # the seed-level table leads
     seed_rows = [line for line in text.splitlines() if line.startswith("| 1 | 1 |")]
@@ -154,6 +157,7 @@ def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp
 
 def test_print_commands_lists_unfinished_points(tmp_path):
     out = run_cli(
+        "run",
         "--config",
         CONFIG,
         "--workdir",
@@ -168,18 +172,20 @@ def test_print_commands_lists_unfinished_points(tmp_path):
 
 
 def test_point_lock_keeps_two_sweeps_apart(tmp_path):
-    lock = tmp_path / sweep.LOCK_FILE
-    assert sweep.claim(lock) is None  # free: taken
-    assert f"in use by {socket.gethostname()}:{os.getpid()}" in sweep.claim(lock)  # held by a live process (this one)
+    lock = tmp_path / point_run.LOCK_FILE
+    assert point_run.claim(lock) is None  # free: taken
+    assert f"in use by {socket.gethostname()}:{os.getpid()}" in point_run.claim(
+        lock
+    )  # held by a live process (this one)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     lock.write_text(f"{socket.gethostname()}:{finished.stdout.strip()}")  # its process has exited: stale
-    assert sweep.claim(lock) is None and json.loads(lock.read_text())["pid"] == os.getpid()
+    assert point_run.claim(lock) is None and json.loads(lock.read_text())["pid"] == os.getpid()
 
 
 def _vocabulary_point(config, out, barrier, errors):
     barrier.wait()
     try:
-        sweep.shared_vocabulary(config, out)
+        point_run.shared_vocabulary(config, out)
     except Exception as error:
         errors.put(f"{type(error).__name__}: {error}")
 
@@ -194,7 +200,7 @@ def test_points_starting_together_all_get_the_one_shared_vocabulary(tmp_path, mo
     from training.data import corpus, tokenizer
 
     words = [f"w{i} x{i % 7} y{i % 5}" for i in range(400)]
-    monkeypatch.setattr(sweep, "load_corpus", lambda config, split: corpus.Corpus(tuple(words), tuple(words), {}))
+    monkeypatch.setattr(point_run, "load_corpus", lambda config, split: corpus.Corpus(tuple(words), tuple(words), {}))
     config = train_config(1)
     config.data.vocab_size = 40
     points, out = 8, tmp_path / "results" / "tiny"

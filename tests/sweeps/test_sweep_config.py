@@ -25,21 +25,24 @@ from configs import (
     head_size_blocked,
 )
 from training import config as config_lib
-from sweeps import store, sweep
+from sweeps import adopt, launch, point_run, schema, store
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests/sweeps/tiny_sweep.py"
-GOOD = 'SWEEP_NAME = "s"\nSWEEP_KEY = "h"\nSWEEP_VALUES = (1, 2)\nSWEEP_REFERENCE = 2\nSWEEP_TEST_SPLIT = None\ndef get_config(arg=None):\n    return None\n'
+GOOD = (
+    'SWEEP_NAME = "s"\nSWEEP_KEY = "h"\nSWEEP_VALUES = (1, 2)\nSWEEP_REFERENCE = 2\nSWEEP_TEST_SPLIT = None\n'
+    "def get_config(arg=None):\n    return None\n"
+)
 
 
 def test_bad_sweep_config(tmp_path):
     (tmp_path / "plain.py").write_text("def get_config(arg=None):\n    return None\n")
     with pytest.raises(ValueError, match="lacks SWEEP_NAME"):
-        sweep.load_module(tmp_path / "plain.py")
+        schema.load_module(tmp_path / "plain.py")
     with pytest.raises(FileNotFoundError, match="no such file"):
-        sweep.load_module(tmp_path / "missing.py")
+        schema.load_module(tmp_path / "missing.py")
     with pytest.raises(ValueError, match="--seeds"):
-        sweep.points(sweep.load_module(CONFIG), 0)
+        schema.points(schema.load_module(CONFIG), 0)
 
 
 @pytest.mark.parametrize(
@@ -72,35 +75,35 @@ def test_bad_sweep_fields_are_named(tmp_path, line, field):
     path = tmp_path / "bad.py"
     path.write_text(GOOD + line + "\n")
     with pytest.raises(ValueError, match=field):
-        sweep.load_module(path)
+        schema.load_module(path)
 
 
 def test_bad_point_is_named():
-    module = sweep.load_module(CONFIG)
-    assert sweep.parse_point("h=2", 1, module) == sweep.Point("h", 2, 1)
+    module = schema.load_module(CONFIG)
+    assert schema.parse_point("h=2", 1, module) == schema.Point("h", 2, 1)
     for arg in ("kv=2", "h=3", "h=x"):
         with pytest.raises(ValueError, match="--point"):
-            sweep.parse_point(arg, 0, module)
+            schema.parse_point(arg, 0, module)
     with pytest.raises(ValueError, match="--seed"):
-        sweep.parse_point("h=2", -1, module)
-    family = sweep.load_module(ROOT / "configs/ablation_family.py")  # a sweep over names
-    point = sweep.parse_point("attention=lsh", 1, family)
-    assert point == sweep.Point("attention", "lsh", 1) and point.name == "attention_lsh_seed1"
+        schema.parse_point("h=2", -1, module)
+    family = schema.load_module(ROOT / "configs/ablation_family.py")  # a sweep over names
+    point = schema.parse_point("attention=lsh", 1, family)
+    assert point == schema.Point("attention", "lsh", 1) and point.name == "attention_lsh_seed1"
     assert store.point_dir(Path("r"), point) == Path("r/attention_lsh/seed1")
     for arg in ("attention=flash", "attention=1", "h=8"):
         with pytest.raises(ValueError, match="--point"):
-            sweep.parse_point(arg, 0, family)
+            schema.parse_point(arg, 0, family)
     with pytest.raises(ValueError, match="--jobs"):
-        sweep.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=0)
+        launch.run_sweep(["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=0)
     with pytest.raises(ValueError, match="--points_per_device"):
-        sweep.run_sweep(
+        launch.run_sweep(
             ["true"], str(CONFIG), Path("/nonexistent"), Path("/nonexistent"), 1, jobs=2, points_per_device=2
         )
 
 
 def test_slurm_flags_need_the_slurm_launcher(tmp_path):
     done = subprocess.run(
-        [sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--slurm_gpus", "1"],
+        [sys.executable, "sweep.py", "run", "--config", str(CONFIG), "--workdir", str(tmp_path), "--slurm_gpus", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -111,7 +114,7 @@ def test_slurm_flags_need_the_slurm_launcher(tmp_path):
 
 def test_restart_needs_one_point(tmp_path):
     done = subprocess.run(
-        [sys.executable, "sweep.py", "--config", str(CONFIG), "--workdir", str(tmp_path), "--restart"],
+        [sys.executable, "sweep.py", "run", "--config", str(CONFIG), "--workdir", str(tmp_path), "--restart"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -123,11 +126,12 @@ def test_restart_needs_one_point(tmp_path):
 
 @pytest.mark.parametrize("restart", [False, True])
 def test_a_restarted_point_moves_its_run_aside_and_trains_on_the_shared_vocabulary(tmp_path, monkeypatch, restart):
-    # A point killed before its first checkpoint: the training refuses to resume it (tests/training/run/test_nothing_lost.py),
-    # so `sweep.py --point ... --restart` must start it over, on the sweep's one vocabulary, not a vocabulary of its own.
-    module = sweep.load_module(CONFIG)
-    point = sweep.parse_point("h=2", 0, module)
-    out = sweep.sweep_dir(tmp_path / "results", module)
+    # A point killed before its first checkpoint: the training refuses to resume it
+    # (tests/training/run/test_nothing_lost.py), so `sweep.py point ... --restart` must start it over, on the
+    # sweep's one vocabulary, not a vocabulary of its own.
+    module = schema.load_module(CONFIG)
+    point = schema.parse_point("h=2", 0, module)
+    out = schema.sweep_dir(tmp_path / "results", module)
     out.mkdir(parents=True)
     (out / store.VOCABULARY_FILE).write_bytes(b"the sweep's vocabulary")
     run_dir = tmp_path / "runs" / point.name
@@ -145,17 +149,17 @@ def test_a_restarted_point_moves_its_run_aside_and_trains_on_the_shared_vocabula
         with open(Path(workdir) / "metrics.jsonl", "a") as f:  # and then stopped again, at step 3
             f.write(json.dumps({"step": 3, "loss": 3.0}) + "\n")
 
-    monkeypatch.setattr(sweep.loop, "train_and_evaluate", train)
+    monkeypatch.setattr(point_run.loop, "train_and_evaluate", train)
     assert (
-        sweep.run_point(str(CONFIG), tmp_path / "runs", point, tmp_path / "results", restart=restart) is None
+        point_run.run_point(str(CONFIG), tmp_path / "runs", point, tmp_path / "results", restart=restart) is None
     )  # stopped early
     assert seen["kwargs"] == {}  # never the training's own restart
-    assert not (run_dir / sweep.LOCK_FILE).exists()
+    assert not (run_dir / point_run.LOCK_FILE).exists()
     if not restart:
-        assert seen["files"] == ["checkpoints", "metrics.jsonl", sweep.LOCK_FILE, "spm.model"]
+        assert seen["files"] == ["checkpoints", "metrics.jsonl", point_run.LOCK_FILE, "spm.model"]
         assert seen["vocabulary"] == b"the killed run's vocabulary"
         return
-    assert seen["files"] == ["previous", sweep.LOCK_FILE, "spm.model"]
+    assert seen["files"] == ["previous", point_run.LOCK_FILE, "spm.model"]
     assert seen["vocabulary"] == b"the sweep's vocabulary"
     (aside,) = (run_dir / "previous").iterdir()
     assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "metrics.jsonl", "spm.model"]
@@ -192,10 +196,11 @@ def test_dk_sweep_fixes_d_v():
     for arg in ("h=8", "dk=0", "dk=x"):
         with pytest.raises(ValueError, match="dk="):
             ablation_dk.get_config(arg)
-    sweep.load_module(ROOT / "configs/ablation_dk.py")  # a valid sweep config
+    schema.load_module(ROOT / "configs/ablation_dk.py")  # a valid sweep config
 
 
-@pytest.mark.slow  # every family member's model at translation lengths (~12 s): kept out of the default suite's time budget
+# every family member's model at translation lengths (~12 s): kept out of the default suite's time budget
+@pytest.mark.slow
 def test_family_sweep_members_differ_from_softmax_at_translation_lengths():
     # The family sweep's options are sized so that each approximation bites on a ~20-token sentence (with the
     # papers' 64-token blocks, bigbird equals softmax there): every member the sweep sets options
@@ -226,7 +231,7 @@ def test_family_sweep_members_differ_from_softmax_at_translation_lengths():
 
 def test_long_family_sweep_changes_only_the_step_count():
     # Its points must be the family sweep's points trained longer, nothing else: compare every field.
-    sweep.load_module(ROOT / "configs/ablation_family_long.py")  # a valid sweep config
+    schema.load_module(ROOT / "configs/ablation_family_long.py")  # a valid sweep config
     steps = {"num_train_steps": 6000, "eval_every_steps": 600, "checkpoint_every_steps": 600}
     for name in ablation_family_long.SWEEP_VALUES:
         long = ablation_family_long.get_config(f"attention={name}").to_dict()
@@ -245,10 +250,10 @@ def test_a_point_stopped_before_its_last_step_is_not_stored(tmp_path):
     config.write_text(
         CONFIG.read_text().replace("    return config\n", "    config.max_train_seconds = 1e-6\n    return config\n")
     )
-    module = sweep.load_module(config)
-    point = sweep.parse_point("h=2", 0, module)
-    assert sweep.run_point(str(config), tmp_path / "runs", point, tmp_path / "results") is None
-    assert not store.is_finished(sweep.sweep_dir(tmp_path / "results", module), point)
+    module = schema.load_module(config)
+    point = schema.parse_point("h=2", 0, module)
+    assert point_run.run_point(str(config), tmp_path / "runs", point, tmp_path / "results") is None
+    assert not store.is_finished(schema.sweep_dir(tmp_path / "results", module), point)
     assert (tmp_path / "runs" / "h2_seed0" / "checkpoints").is_dir()  # a later start resumes from here
 
 
@@ -282,7 +287,7 @@ def test_shared_reference_is_the_same_run_as_rows_a_h8(module, arg, spelled, row
     # the configs differ only in spelling out rows A's defaults, and build a model with the same parameters and outputs.
     value = arg.partition("=")[2]
     value = int(value) if value.isdigit() else value
-    assert sweep.shared_points(module)[value] == (ablation_heads.SWEEP_NAME, rows_a)
+    assert schema.shared_points(module)[value] == (ablation_heads.SWEEP_NAME, rows_a)
     if rows_a == ablation_heads.SWEEP_REFERENCE:
         assert f"{module.SWEEP_KEY}={module.SWEEP_REFERENCE}" == arg
     ours, heads = module.get_config(arg), ablation_heads.get_config(f"h={rows_a}")
@@ -320,8 +325,8 @@ def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
     config.write_text(
         GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n'
     )
-    module = sweep.load_module(config)
-    todo = sweep.pending(results, str(config), module, seeds=2)
+    module = schema.load_module(config)
+    todo = launch.pending(results, str(config), module, seeds=2)
     assert [p.name for p in todo] == ["kv1_seed0", "kv1_seed1", "kv2_seed1"]  # kv2 seed 0 came from heads' h8 seed 0
     stored = store.point_path(results / "kv_like", "kv", 2, 0)
     result = json.loads((stored / "result.json").read_text())
@@ -335,7 +340,7 @@ def test_shared_reference_seeds_are_copied_not_trained(tmp_path):
     write_finished(other / "heads", "h", 8, 0, 40.0)
     (other / "kv_like").mkdir()
     (other / "kv_like" / "spm.model").write_bytes(b"another vocabulary")
-    assert len(sweep.pending(other, str(config), module, seeds=1)) == 2
+    assert len(launch.pending(other, str(config), module, seeds=1)) == 2
 
 
 def test_shared_points_beyond_the_reference_are_copied(tmp_path):
@@ -354,9 +359,9 @@ def test_shared_points_beyond_the_reference_are_copied(tmp_path):
         + 'SWEEP_SHARED = {"big": ("heads", 8), "small": ("heads", 4)}\n'
         + 'SWEEP_CONTRASTS = (("shrink", "big", "small"),)\n'
     )
-    module = sweep.load_module(config)
-    assert sweep.shared_points(module) == {"big": ("heads", 8), "small": ("heads", 4)}
-    todo = sweep.pending(results, str(config), module, seeds=2)
+    module = schema.load_module(config)
+    assert schema.shared_points(module) == {"big": ("heads", 8), "small": ("heads", 4)}
+    todo = launch.pending(results, str(config), module, seeds=2)
     assert [p.name for p in todo] == ["shape_new_seed0", "shape_small_seed1", "shape_new_seed1"]
     small = json.loads((store.point_path(results / "size_like", "shape", "small", 0) / "result.json").read_text())
     assert small["shared_from"] == "heads/h4/seed0" and small["test_bleu"] == 36.0
@@ -379,8 +384,8 @@ def test_sigterm_to_the_sweep_reaches_its_running_point(tmp_path):
     # SIGTERM too (a real one checkpoints on it), and the sweep waits for it before it exits.
     (tmp_path / "point.py").write_text(FAKE_POINT)
     code = (
-        "import sys; from pathlib import Path; from sweeps import sweep; "
-        f"sweep.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
+        "import sys; from pathlib import Path; from sweeps import launch; "
+        f"launch.run_sweep([sys.executable, {str(tmp_path / 'point.py')!r}], {str(CONFIG)!r}, Path({str(tmp_path)!r}), "
         f"Path({str(tmp_path / 'results')!r}), 1)"
     )
     parent = subprocess.Popen(
@@ -408,7 +413,7 @@ def test_heads_budget_doubles_only_the_steps():
             "checkpoint_every_steps": 800,
         }
         assert (longer["optimizer.warmup_steps"], longer["optimizer.schedule"]) == (300, "cosine")
-    sweep.load_module(ROOT / "configs/ablation_heads_budget.py")  # a valid sweep config
+    schema.load_module(ROOT / "configs/ablation_heads_budget.py")  # a valid sweep config
     for arg in ("run=h16_8000", "h=8", "run="):
         with pytest.raises(ValueError, match="run="):
             ablation_heads_budget.get_config(arg)
@@ -422,7 +427,7 @@ def test_head_size_shapes_cross_heads_and_width():
     for shape, (h, d) in {"h8_dk8": (8, 8), "h32_dk16": (32, 16)}.items():
         model = ablation_head_size.get_config(f"shape={shape}").model
         assert (model.num_heads, model.head_dim, model.v_head_dim, model.d_model) == (h, d, d, 256)
-    sweep.load_module(ROOT / "configs/ablation_head_size.py")  # a valid sweep config
+    schema.load_module(ROOT / "configs/ablation_head_size.py")  # a valid sweep config
     for arg in ("shape=h16_dk16", "h=32", "shape="):
         with pytest.raises(ValueError, match="shape="):
             ablation_head_size.get_config(arg)
@@ -441,19 +446,19 @@ def test_adopt_stored_copies_the_seeds_the_other_sweep_gained_later(tmp_path):
     config.write_text(
         GOOD.replace('"s"', '"kv_like"').replace('"h"', '"kv"') + 'SWEEP_SHARED_REFERENCE = ("heads", 8)\n'
     )
-    module = sweep.load_module(config)
+    module = schema.load_module(config)
     with pytest.raises(FileNotFoundError, match="start the sweep"):
-        sweep.adopt_stored(module, results)  # never started: no sweep.json for --collect to read
-    sweep.pending(results, str(config), module, seeds=2)
-    assert [p.name for p in sweep.adopt_stored(module, results)] == ["kv2_seed2", "kv2_seed3"]
+        adopt.adopt_stored(module, results)  # never started: no sweep.json for --collect to read
+    launch.pending(results, str(config), module, seeds=2)
+    assert [p.name for p in adopt.adopt_stored(module, results)] == ["kv2_seed2", "kv2_seed3"]
     stored = json.loads((store.point_path(results / "kv_like", "kv", 2, 3) / "result.json").read_text())
     assert stored["shared_from"] == "heads/h8/seed3" and stored["test_bleu"] == 43.0
     assert not store.point_path(results / "kv_like", "kv", 1, 2).exists()
-    assert sweep.adopt_stored(module, results) == []
+    assert adopt.adopt_stored(module, results) == []
 
 
 def test_the_blocked_replication_repeats_the_head_size_shapes_on_fresh_seeds():
-    module = sweep.load_module(ROOT / "configs/head_size_blocked.py")
+    module = schema.load_module(ROOT / "configs/head_size_blocked.py")
     for shape in ("h8_dk32", "h8_dk8", "h32_dk8", "h32_dk16"):  # the head-size sweep's 2 x 2, config for config
         assert flat(head_size_blocked.get_config(f"shape={shape}")) == flat(
             ablation_head_size.get_config(f"shape={shape}")
@@ -461,7 +466,7 @@ def test_the_blocked_replication_repeats_the_head_size_shapes_on_fresh_seeds():
     split = flat(head_size_blocked.get_config("shape=h8_dk32_dv8"))
     reference = flat(head_size_blocked.get_config("shape=h8_dk32"))
     assert {k: v for k, v in split.items() if reference[k] != v} == {"model.v_head_dim": 8}
-    assert [p.seed for p in sweep.points(module, 5)] == [s for s in range(10, 15) for _ in module.SWEEP_VALUES]
+    assert [p.seed for p in schema.points(module, 5)] == [s for s in range(10, 15) for _ in module.SWEEP_VALUES]
     assert not getattr(module, "SWEEP_SHARED", None) and not getattr(module, "SWEEP_SHARED_REFERENCE", None)
 
 
@@ -470,7 +475,7 @@ def test_a_bad_first_seed_is_named(tmp_path, first):
     path = tmp_path / "bad.py"
     path.write_text(GOOD + f"SWEEP_FIRST_SEED = {first}\n")
     with pytest.raises(ValueError, match="SWEEP_FIRST_SEED"):
-        sweep.load_module(path)
+        schema.load_module(path)
 
 
 TABLE3_SWEEPS = (
@@ -489,8 +494,8 @@ TABLE3_SWEEPS = (
 def test_the_packed_preset_is_a_config_argument_and_a_sweep_of_its_own(name, tmp_path):
     # train.py's --config configs/X.py:KEY=VALUE,packed, and sweep.py's --config configs/X.py:packed
     plain, packed = (
-        sweep.load_module(ROOT / f"configs/{name}.py"),
-        sweep.load_module(f"{ROOT}/configs/{name}.py:packed"),
+        schema.load_module(ROOT / f"configs/{name}.py"),
+        schema.load_module(f"{ROOT}/configs/{name}.py:packed"),
     )
     assert packed.SWEEP_NAME == f"{plain.SWEEP_NAME}_packed" != plain.SWEEP_NAME  # results/NAME_packed/, apart
     arg = f"{plain.SWEEP_KEY}={plain.SWEEP_VALUES[-1]}"
@@ -505,17 +510,19 @@ def test_the_packed_preset_is_a_config_argument_and_a_sweep_of_its_own(name, tmp
         packed.get_config(None)
     )
     # the sweep's points keep their plain arguments; the packed sweep shares only packed sweeps' runs
-    assert [p.arg for p in sweep.points(packed, 1)] == [p.arg for p in sweep.points(plain, 1)]
-    assert {v: (o + "_packed", ov) for v, (o, ov) in sweep.shared_points(plain).items()} == sweep.shared_points(packed)
-    command = sweep.point_command(
-        ["sweep.py"], f"configs/{name}.py:packed", tmp_path, tmp_path, sweep.points(packed, 1)[0]
+    assert [p.arg for p in schema.points(packed, 1)] == [p.arg for p in schema.points(plain, 1)]
+    assert {v: (o + "_packed", ov) for v, (o, ov) in schema.shared_points(plain).items()} == schema.shared_points(
+        packed
+    )
+    command = launch.point_command(
+        ["sweep.py"], f"configs/{name}.py:packed", tmp_path, tmp_path, schema.points(packed, 1)[0]
     )
     assert command[command.index("--config") + 1] == f"configs/{name}.py:packed"
 
 
 def test_a_variant_the_sweep_does_not_offer_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"offers the variants \('packed',\)"):
-        sweep.load_module(f"{ROOT}/configs/ablation_heads.py:float32")
+        schema.load_module(f"{ROOT}/configs/ablation_heads.py:float32")
     (tmp_path / "plain.py").write_text(GOOD)
     with pytest.raises(ValueError, match=r"offers the variants \(\)"):
-        sweep.load_module(f"{tmp_path}/plain.py:packed")
+        schema.load_module(f"{tmp_path}/plain.py:packed")

@@ -54,10 +54,10 @@ def cells_of(table: str) -> dict[str, list[str]]:
 def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_and_steps():
     # Hand-worked: h = 1 is [37, 38, 39] against h = 8's [40, 41, 42]: difference -3, se sqrt(2/3), Welch df 4,
     # 95 % CI -3 -+ 2.776 x 0.8165 = [-5.27, -0.73], Hedges' g -3 x (1 - 3/15) = -2.40, p 0.0213 (scipy:
-    # ttest_ind(equal_var=False)); equivalence p max(t4.sf((-3 + 0.5) / se), t4.cdf((-3 - 0.5) / se)) = 0.981. h = 16's seeds
-    # equal h = 8's: difference 0, p 1, g 0, yet not equivalent (too few seeds). Holm over the table's 3 planned
-    # comparisons (h = 2, not run yet, counts as p = 1): 3 x 0.0213 = 0.064, so h = 1 is not yet lower; and 1;
-    # its equivalence p 0.981 x 3 caps at 1.
+    # ttest_ind(equal_var=False)); equivalence p max(t4.sf((-3 + 0.5) / se), t4.cdf((-3 - 0.5) / se)) = 0.981.
+    # h = 16's seeds equal h = 8's: difference 0, p 1, g 0, yet not equivalent (too few seeds). Holm over the
+    # table's 3 planned comparisons (h = 2, not run yet, counts as p = 1): 3 x 0.0213 = 0.064, so h = 1 is not
+    # yet lower; and 1; its equivalence p 0.981 x 3 caps at 1.
     results = [
         {
             "value": v,
@@ -226,7 +226,8 @@ def test_a_batch_is_commit_by_cpu_kind_and_says_unrecorded_where_a_field_is_miss
 
 
 def sensitivity_fixture():
-    """h = 8 (5 seeds, batches A A A B B), h = 1 (3 seeds, all B), h = 16 (5 seeds, A A A B B); h = 2 planned, not run."""
+    """h = 8 (5 seeds, batches A A A B B), h = 1 (3 seeds, all B), h = 16 (5 seeds, A A A B B); h = 2 planned,
+    not run."""
     rng = np.random.default_rng(6)
     shared = rng.normal(0, 0.4, 5)  # what a seed's data order does to every point
     results = []

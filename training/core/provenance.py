@@ -1,6 +1,6 @@
 """What a result was computed with: the releases behind its numbers and the lock they were meant to come from.
 
-Every stored run (`sweeps/sweep.py`'s result.json) and the bench scripts' outputs carry `environment()`, so
+Every stored run (`sweeps/point_run.py`'s result.json) and the bench scripts' outputs carry `environment()`, so
 that a figure can be traced to the exact jax, jaxlib, flax, optax and orbax releases, and to the
 `requirements.lock` of the checkout that produced it. Standard library only.
 """
