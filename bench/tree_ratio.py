@@ -1,4 +1,4 @@
-"""Two checkouts of this repository side by side on the CPU: a change's train step and decode against the code before it.
+"""Two checkouts of this repository side by side on the CPU: a change's train step and decode against the code before.
 
     MULTI30K_DIR=... taskset -c 0 python -m bench.tree_ratio BEFORE_TREE AFTER_TREE --rounds 5
 

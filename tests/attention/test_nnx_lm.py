@@ -1,4 +1,5 @@
-"""Reuse, shown: a tiny decoder-only NNX LM on `attention.nnx.MultiHeadAttention`, and `nnx.bridge` with the Linen Transformer."""
+"""Reuse, shown: a tiny decoder-only NNX LM on `attention.nnx.MultiHeadAttention`, and `nnx.bridge` with the Linen
+Transformer."""
 
 import flax.linen as nn
 import jax

@@ -1,4 +1,5 @@
-"""`attention`'s public surface: `__all__` is what docs/attention.md documents, and `__version__` is the distribution's."""
+"""`attention`'s public surface: `__all__` is what docs/attention.md documents, and `__version__` is the
+distribution's."""
 
 import re
 from pathlib import Path

@@ -29,7 +29,8 @@ DOT = re.compile(r"stablehlo\.dot_general .*?: \((tensor<[^>]*>), (tensor<[^>]*>
 
 
 def _config(dtype, platform):
-    """The default model config at `dtype`, with the hooks chosen for `platform` (None: no hooks, the plain formulation)."""
+    """The default model config at `dtype`, with the hooks chosen for `platform` (None: no hooks, the plain
+    formulation)."""
     config = TransformerConfig(**TINY, dtype=dtype)
     if platform is None:
         return config

@@ -1,4 +1,5 @@
-"""α-entmax attention against NumPy (sparsemax in closed form, bisection from the definition), its α → 1 limit, its gradients."""
+"""α-entmax attention against NumPy (sparsemax in closed form, bisection from the definition), its α → 1 limit,
+its gradients."""
 
 import jax
 import jax.numpy as jnp
