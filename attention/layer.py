@@ -16,8 +16,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from attention import beams, family, flax_compat
+from attention import family, flax_compat
 from attention import multihead as mh
+from attention.cache import KVCache
 from attention.formulation import resolve
 from attention.geometry import HeadGeometry
 
@@ -107,9 +108,9 @@ class MultiHeadAttention(nn.Module):
         query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
         deterministic, dropout_rng = flax_compat.linen_dropout(self, deterministic, dropout_rng)
         in_place = self.attention_fn is None and not sow_weights and deterministic
-        step, beam_rows = self._use_cache(key, value, mask, in_place, lengths) if self.decode else (None, None)
-        if step is not None:  # the cache mask is causal, at the right offset
-            key, value, mask, is_causal = step.key, step.value, step.mask, False
+        read = self._use_cache(key, value, mask, in_place, lengths) if self.decode else None
+        if read is not None:  # the cache mask is causal, at the right offset
+            key, value, mask, is_causal = read.key, read.value, read.mask, False
         if self.attention_fn is not None:
             x = flax_compat.call_attention_fn(
                 self, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
@@ -123,7 +124,7 @@ class MultiHeadAttention(nn.Module):
                 impl=self.impl,
                 **blocks,
                 mask=mask,
-                beam_rows=beam_rows,
+                beam_rows=None if read is None else read.beam_rows,
                 is_causal=is_causal,
                 dropout_rate=self.dropout_rate,
                 dropout_rng=dropout_rng,
@@ -258,34 +259,26 @@ class MultiHeadAttention(nn.Module):
         return mh.cross_kv(stored, project_kv, functools.partial(self.put_variable, "cache") if fill else None)
 
     def _use_cache(self, key, value, mask, beams_in_place, lengths=None):
-        """`multihead.decode_step` over the `cache` collection -> (`cache.Step`, beam_rows); (None, None) at init."""
-        initialized = self.has_variable("cache", "cached_key")
-        dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
-        zeros = functools.partial(
-            mh.empty_cache,
-            key.shape[:-3],
-            *key.shape[-3:],
-            value.shape[-1],
-            dtype,
-            per_sequence=self.per_sequence_index,
-        )
-        variables = [self.variable("cache", name, lambda i=i: zeros()[i]) for i, name in enumerate(mh.CACHE)]
-        if not initialized:  # init: size the cache, attend over the inputs as usual
-            return None, None
-        rows = self.get_variable("cache", beams.ROWS)  # None unless beam search put its table there
-        if rows is not None:  # tells beam search this cache was read through the table (attention.beams)
-            self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
-        step, rows = mh.decode_step(
-            tuple(v.value for v in variables),
+        """One `KVCache.step` over the `cache` collection -> what attention reads (`cache.Read`); None at init."""
+        stored = KVCache.load(self.variables.get("cache", {}))
+        if stored is None:  # init: size the cache, attend over the inputs as usual
+            dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
+            shape = (*key.shape[-3:], value.shape[-1])
+            empty = KVCache.empty(key.shape[:-3], *shape, dtype, per_sequence=self.per_sequence_index)
+            self._store_cache(empty)
+            return None
+        new, read = stored.step(
             key,
             value,
             mask,
             num_heads=self.num_heads,
             lengths=lengths,
             formulation=resolve(self.formulation),
-            beam_rows=rows,
             beams_in_place=beams_in_place,
         )
-        for variable, new in zip(variables, step[:3]):
-            variable.value = new
-        return step, rows
+        self._store_cache(new)
+        return read
+
+    def _store_cache(self, cache):
+        for name, x in cache.store().items():
+            self.put_variable("cache", name, x)

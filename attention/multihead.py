@@ -17,7 +17,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from attention import beams, cache, family
+from attention import beams, family
 from attention.checks import is_positive_int, require
 from attention.core import IMPLS, attend
 from attention.grouped import flatten_batch
@@ -68,8 +68,8 @@ def exact_heads(
     """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
 
     `sow(weights)`, when given, receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs
-    "vmap", and an `impl` that exposes none is a ValueError. With `beam_rows` (from `decode_step`
-    with `beams_in_place`) k and v are a beam-search cache read in place (`attention.beams`).
+    "vmap", and an `impl` that exposes none is a ValueError. With `beam_rows` (a decode step's
+    `attention.cache.Read`, `beams_in_place`) k and v are a beam-search cache read in place (`attention.beams`).
     """
     if beam_rows is not None:
         return beams.history_attention(
@@ -92,38 +92,6 @@ def exact_heads(
             )
         sow(weights)
     return x
-
-
-def decode_step(
-    state: tuple,
-    key: jax.Array,
-    value: jax.Array,
-    mask: jax.Array | None,
-    *,
-    num_heads: int,
-    lengths=None,
-    formulation,
-    beam_rows: jax.Array | None = None,
-    beams_in_place: bool = False,
-):
-    """One decode call over `state = (cached_key, cached_value, index)` (`attention.cache.step`).
-
-    Under beam search (`beam_rows` from the `cache` collection, `attention.beams`) the rows hold the
-    beams' histories spread out: returned as they are with the table if `beams_in_place`, else
-    gathered into each beam's own keys/values and the table None. -> (`cache.Step`, beam_rows).
-    """
-    cached_key, cached_value, index = state
-    step = cache.step(
-        cached_key, cached_value, index, key, value, mask, num_heads=num_heads, lengths=lengths, formulation=formulation
-    )
-    if beam_rows is None:
-        return step, None
-    beams.check_rows(beam_rows, step.cached_key.shape[:-3], step.cached_key.shape[-2])
-    if beams_in_place:
-        return step, beam_rows
-    return step._replace(
-        key=beams.gather_history(step.key, beam_rows), value=beams.gather_history(step.value, beam_rows)
-    ), None
 
 
 CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
@@ -196,32 +164,6 @@ def check_cache_size(batch: tuple, max_length: int) -> None:
     )
 
 
-CACHE = ("cached_key", "cached_value", "cache_index")  # the names of a layer's decode-cache variables
-
-
-def empty_cache(
-    batch: tuple,
-    max_length: int,
-    num_kv_heads: int,
-    head_dim: int,
-    v_head_dim: int,
-    dtype,
-    *,
-    per_sequence: bool = True,
-) -> tuple:
-    """Zero `CACHE`: `cached_key [batch..., G, max_length, d_k]`, `cached_value [..., d_v]` and `cache_index`.
-
-    The index is one position per sequence, `[batch...]`, or with `per_sequence=False` one for the
-    batch, `[]` (Flax's variable); `attention.cache` takes either.
-    """
-    shape = (*batch, num_kv_heads, max_length)
-    return (
-        jnp.zeros((*shape, head_dim), dtype),
-        jnp.zeros((*shape, v_head_dim), dtype),
-        jnp.zeros(batch if per_sequence else (), jnp.int32),
-    )
-
-
 def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Callable):
     """The `layer.attention_type` member's Linen module, filled from the layer's settings."""
     return family.instantiate(
@@ -255,7 +197,8 @@ def family_heads(
     """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, checked by `check_member_call`).
 
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
-    beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
+    beams_in_place)` -> `attention.cache.Read` (None at the Linen layer's init), for members decoding
+    over the layer's KV cache.
     """
     batch = inputs[0].shape[:-2]
     run = lambda member_inputs, mask, **extra: member_heads(
@@ -266,12 +209,12 @@ def family_heads(
     query, key, value = project(*inputs, shared_qk=spec.shared_qk)
     extra = {}
     if decode and spec.decode == "kv_cache":
-        step, beam_rows = use_cache(key, value, mask, spec.beams_in_place)
-        if step is not None:  # None: the Linen layer's init, which only sizes the cache
-            key, value, mask = step.key, step.value, step.mask
-            extra["query_offset"] = step.offset.reshape(-1) if step.offset.ndim else step.offset
-        if beam_rows is not None:
-            extra["beam_rows"] = beam_rows
+        read = use_cache(key, value, mask, spec.beams_in_place)
+        if read is not None:  # None: the Linen layer's init, which only sizes the cache
+            key, value, mask = read.key, read.value, read.mask
+            extra["query_offset"] = read.offset.reshape(-1) if read.offset.ndim else read.offset
+            if read.beam_rows is not None:
+                extra["beam_rows"] = read.beam_rows
     return run((query, key, value), mask, **extra)
 
 

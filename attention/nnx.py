@@ -20,6 +20,7 @@ from flax.nnx.nn.linear import default_kernel_init
 
 from attention import family, flax_compat
 from attention import multihead as mh
+from attention.cache import VARIABLES
 from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
 from attention.geometry import HeadGeometry
@@ -149,7 +150,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             key_ln=key_ln_scale_metadata,
         )
         self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
-        for name in (*mh.CACHE, *mh.CROSS_KV):
+        for name in (*VARIABLES, *mh.CROSS_KV):
             setattr(self, name, nnx.data(None))
 
     def _make_layers(
@@ -260,8 +261,8 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
         query, key, value = project(inputs_q, inputs_k, inputs_v)
         if decode:  # the cache mask is causal, at each sequence's offset
-            step = self._use_cache(key, value, mask, lengths)
-            key, value, mask, is_causal = step.key, step.value, step.mask, False
+            read = self._use_cache(key, value, mask, lengths)
+            key, value, mask, is_causal = read.key, read.value, read.mask, False
         deterministic, dropout_rng = flax_compat.nnx_dropout(self, deterministic, rngs)
         options = dict(
             mask=mask,
@@ -308,7 +309,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
-        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)
+        use_cache = lambda k, v, m, _: self._use_cache(k, v, m, lengths)
         return mh.family_heads(
             spec,
             member,
