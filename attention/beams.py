@@ -1,15 +1,15 @@
 """Beam search's self-attention over a decode cache that is never reordered.
 
 Beam k's hypothesis is spread over its source's K cache rows: its position p sits in the row of
-the beam that fed that token, `beam_rows[b, k, p]` (a table beam search keeps and hands to the
-layer in the `cache` collection). A step writes each fed token's keys/values into its own row, as
+the beam that fed that token, `beam_rows[b, k, p]` (a table beam search keeps and hands to each
+layer's `attention.cache.KVCache`). A step writes each fed token's keys/values into its own row, as
 any decode step does, and beam search reorders only that `[B, K, L]` table. Reordering the cache
 itself copied every layer's keys and values every step (1.24x a float32 beam-4 step,
 bench/decode_ablation.py).
 
-A layer that reads its cache so adds `ROWS_READ` beside it; beam search keeps such caches in
-place and reorders every other one as before (a layer that ignores the table, such as Flax's
-own attention, still gets each beam's cache moved to its row).
+A cache a layer read through the table says so (`KVCache.reads_beam_rows`); beam search keeps such
+caches in place and reorders every other one as before (`KVCache.reorder`: a layer that ignores the
+table, such as Flax's own attention, still gets each beam's cache moved to its row).
 
 `history_attention` scores each beam's queries against all K rows of its source at once and masks
 the positions off its history: the cache is read once, in place, as one `[K Lq R, L]` product per
@@ -18,8 +18,8 @@ float32 beam-4 decoding went from 1.88x to 2.02x Flax's examples/wmt, results/pe
 It follows `attention.head`'s conventions (float32 logits and softmax, masked logits at
 `finfo.min`), and equals `attention.attend` over `gather_history`'s keys and values up to the
 order of float sums; a `bias` on the logits serves members that weight positions (span).
-`gather_history` is the general path: it materialises each beam's history (a copy, as the
-reorder was) for every attention that `history_attention` does not serve.
+`gather_history` is the general path: it copies out each beam's history (as the reorder did) for
+every attention that `history_attention` does not serve.
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ import jax.numpy as jnp
 
 from attention.formulation import Formulation, logits_dtype, resolve
 
-ROWS = "beam_rows"  # the table, beside a layer's `cached_key` in the `cache` collection
-ROWS_READ = "beam_rows_read"  # what a layer that read its cache through the table adds beside it
-
 
 def check_rows(beam_rows: jax.Array, batch: tuple, max_length: int) -> None:
-    """ValueError unless `beam_rows` is `[sources, beams, max_length]` with sources * beams the cache's one batch axis."""
+    """ValueError unless `beam_rows` is `[sources, beams, max_length]`, sources * beams the cache's one batch axis."""
     batch = tuple(batch)
     if (
         beam_rows.ndim != 3
@@ -52,7 +49,7 @@ def check_rows(beam_rows: jax.Array, batch: tuple, max_length: int) -> None:
 
 
 def gather_history(x: jax.Array, beam_rows: jax.Array) -> jax.Array:
-    """x `[B*K, L, G, D]` (a cache in the caller's layout), beam_rows `[B, K, L]` -> each beam's own `[B*K, L, G, D]`."""
+    """x `[B*K, L, G, D]` (a cache, caller's layout), beam_rows `[B, K, L]` -> each beam's own `[B*K, L, G, D]`."""
     B, K, L = beam_rows.shape
     by_source = x.reshape(B, K, *x.shape[1:])
     return jnp.take_along_axis(by_source, beam_rows[:, :, :, None, None], axis=1).reshape(x.shape)
@@ -75,8 +72,8 @@ def history_attention(
     layout); beam_rows `[B, K, L]` int; mask broadcastable to `[B*K, H, Lq, L]` bool (the cache
     positions filled so far, and the caller's mask); bias, if given, broadcastable to the same
     shape, float, added to the logits (a position's offset, as span's log soft mask: it depends
-    on the position in the hypothesis, which is the same in every row). `formulation.materialize`
-    may keep the query block materialised (`attention.formulation`). Returns `[B*K, Lq, H, Dv]` in `dtype`.
+    on the position in the hypothesis, which is the same in every row). The query block is broadcast
+    over the rows by `formulation.broadcast_queries` (`attention.formulation`). Returns `[B*K, Lq, H, Dv]` in `dtype`.
     """
     B, K, L = beam_rows.shape
     _, Lq, H, Dk = query.shape
@@ -87,12 +84,9 @@ def history_attention(
     # sources x their K rows (j) x KV heads: the batch axes of both products, major in the cache's
     # `[B*K, G, L, D]`, so neither product copies the cache; M = K Lq R queries of a source and head
     queries = (query * jnp.asarray(1 / math.sqrt(Dk), dtype)).reshape(B, K, Lq, G, R, Dk)
-    queries = jnp.broadcast_to(
+    queries = resolve(formulation).broadcast_queries(
         queries.transpose(0, 3, 1, 2, 4, 5).reshape(B, 1, G, K * Lq * R, Dk), (B, K, G, K * Lq * R, Dk)
     )
-    # materialised where the backend asks (it is small): on XLA:CPU a broadcast lets XLA drop j from
-    # the product's batch axes, and then it transposes the whole cache to [B, G, K L, D] every step
-    queries = resolve(formulation).materialize(queries)
     keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
     logits = jnp.einsum(
         "bjgmd,bjgpd->bjgmp", queries, keys, precision=precision, preferred_element_type=logits_dtype(dtype)
@@ -116,7 +110,7 @@ def _by_source(x, B, K, G, H, Lq):
 
 
 def _history_mask(beam_rows, mask, G, H, Lq):
-    """`[B, K (row j), G, K Lq R, L]`: beam k's query sees row j's position p if p is on k's history and `mask` allows."""
+    """`[B, K (row j), G, K Lq R, L]`: beam k's query sees row j's position p if on k's history and `mask` allows."""
     B, K, L = beam_rows.shape
     on_history = beam_rows[:, None, None, :, None, :] == jnp.arange(K)[None, :, None, None, None, None]
     return (_by_source(mask, B, K, G, H, Lq) & on_history).reshape(B, K, G, K * Lq * (H // G), L)

@@ -1,73 +1,218 @@
-"""The decode-cache protocol both layers use: write new keys/values, advance the positions, mask causally.
+"""The decode cache: `KVCache`, the one typed state both faces decode through.
 
-The cache is `[batch..., G, max_length, D]` (the layout attention computes in,
-`attention.grouped`), and `index` holds the next free position: one for the whole batch (`[]`,
-the Linen layer's, as Flax's) or one per sequence (`[batch...]`, the NNX layer's), so a batch of
-prompts of different lengths decodes together. Sequence b's new tokens land at `index[b],
-index[b] + 1, ...`; positions outside the cache are dropped, never clamped onto other entries. Its
-query at absolute position p sees cached keys <= p, exactly the keys the full causal pass shows it.
-A shared index writes with `dynamic_update_slice` (in place under donation, as Flax's cache), a
-per-sequence one with a scatter; both follow that one rule (tests/attention/test_cache.py).
+A `KVCache` holds the keys `[batch..., G, max_length, d_k]` and values `[batch..., G, max_length,
+d_v]`, heads first: the layout attention computes in (`attention.grouped`), in which a decode step
+reads each KV head's cache contiguously; `Read` hands them to attention in Flax's
+`[batch..., max_length, G, D]`, a transpose attention's grouping undoes (XLA folds the pair). Flax's
+own layout made a float32 Linen decode step 5-11x slower (MHA), 2-7x (GQA) on XLA:CPU (docs/attention.md).
+It also holds the write `index`, and, under beam search, the `beam_rows` table (`attention.beams`). The index
+holds the next free position: one for the whole batch (`[]`, the Linen layer's, as Flax's) or one
+per sequence (`[batch...]`, the NNX layer's), so a batch of prompts of different lengths decodes
+together. Sequence b's new tokens land at `index[b], index[b] + 1, ...`; positions outside the
+cache are dropped, never clamped onto other entries. Its query at absolute position p sees cached
+keys <= p, exactly the keys the full causal pass shows it. A shared index writes with
+`dynamic_update_slice` (in place under donation, as Flax's cache), a per-sequence one with a
+scatter; both follow that one rule (tests/attention/test_cache.py).
+
+The faces only load a `KVCache` from their variables and store it back (`KVCache.load`,
+`KVCache.store`, under Flax's names `cached_key`, `cached_value`, `cache_index`); `KVCache.step`
+is the decode call. Beam search reaches the caches of a model's `cache` collection through
+`KVCache.typed` / `KVCache.untyped` and reorders them with `KVCache.reorder` (`models.decoding`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax import lax
 
+from attention import beams
 from attention.formulation import Formulation, resolve
 from attention.masks import and_masks, as_bool_mask, causal_from
 
+# the Flax variables a KVCache is stored in, by field (Flax's names; the table is beam search's)
+_NAMES = {"key": "cached_key", "value": "cached_value", "index": "cache_index", "beam_rows": "beam_rows"}
+VARIABLES = tuple(_NAMES[name] for name in ("key", "value", "index"))  # what a layer without beam search stores
 
-class Step(NamedTuple):
-    """What one decode call leaves: the state to store, and what the attention reads."""
 
-    cached_key: jax.Array  # [batch..., G, max_length, d_k], written
-    cached_value: jax.Array  # [batch..., G, max_length, d_v], written
-    next_index: jax.Array  # the next free positions, [] or [batch...]: index advanced by the new tokens
-    key: jax.Array  # the whole cache in the caller's layout, [batch..., max_length, G, d_k]
-    value: jax.Array  # [batch..., max_length, G, d_v]
+@struct.dataclass
+class _ReadTable:
+    """A beam table as a layer that read its cache through it stores it back: its cache was never reordered."""
+
+    rows: jax.Array
+
+
+class Read(NamedTuple):
+    """What attention reads after a decode step."""
+
+    key: jax.Array  # [batch..., max_length, G, d_k]: the cache in the caller's layout (each beam's own history,
+    value: jax.Array  # [batch..., max_length, G, d_v]   unless read in place)
     mask: jax.Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
     offset: jax.Array  # the first new query's absolute position (the index before the write), [] or [batch...]
+    beam_rows: jax.Array | None  # [sources, beams, max_length] when key/value are to be read in place, else None
 
 
-def step(
-    cached_key: jax.Array,
-    cached_value: jax.Array,
-    index: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    mask: jax.Array | None,
-    *,
-    num_heads: int,
-    lengths: jax.Array | None = None,
-    formulation: Formulation | None = None,
-) -> Step:
-    """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
+@struct.dataclass
+class KVCache:
+    """A layer's decode cache: keys, values, the write index and beam search's table."""
 
-    mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
-    lengths: the real new tokens per sequence, int `[batch...]` (default L_new; needs a
-    per-sequence `index`). `formulation.materialize` sees the written caches (`attention.formulation`).
-    """
-    *lead, G, max_length, _ = cached_key.shape
-    batch, new_length = tuple(lead), key.shape[-3]
-    if tuple(key.shape[:-3]) != batch or key.shape[-2] != G or new_length > max_length:
-        raise ValueError(
-            f"decode: the cache holds {max_length} positions for batch {batch} and {G} KV heads, "
-            f"got keys {key.shape} (at most {max_length} new positions)"
+    key: jax.Array  # [batch..., G, max_length, d_k]
+    value: jax.Array  # [batch..., G, max_length, d_v]
+    index: jax.Array  # int32, the next free position: [] (one for the batch) or [batch...] (one per sequence)
+    beam_rows: jax.Array | None = None  # [sources, beams, max_length] int: the row holding each beam's position
+    reads_beam_rows: bool = struct.field(pytree_node=False, default=False)  # a step read it through the table
+
+    @classmethod
+    def empty(
+        cls,
+        batch: tuple,
+        max_length: int,
+        num_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int,
+        dtype: Any,
+        *,
+        per_sequence: bool = True,
+    ) -> KVCache:
+        """Zeros for `batch` sequences of `max_length`; index `[batch...]`, or `[]` (Flax's) unless `per_sequence`."""
+        shape = (*batch, num_kv_heads, max_length)
+        return cls(
+            jnp.zeros((*shape, head_dim), dtype),
+            jnp.zeros((*shape, v_head_dim), dtype),
+            jnp.zeros(batch if per_sequence else (), jnp.int32),
         )
-    advance = _advance(lengths, index, batch, new_length)
-    mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
-    new_key, new_value = resolve(formulation).materialize(
-        (write(cached_key, key, index), write(cached_value, value, index))
-    )
-    mask = and_masks(causal_mask(index, new_length, max_length), mask)
-    to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
-    return Step(new_key, new_value, index + advance, to_caller(new_key), to_caller(new_value), mask, index)
+
+    @classmethod
+    def load(cls, variables: Mapping[str, Any]) -> KVCache | None:
+        """The cache `store` left in `variables` (a layer's `cache` collection, or its attributes' values), or None."""
+        if variables.get(_NAMES["key"]) is None:
+            return None
+        table = variables.get(_NAMES["beam_rows"])
+        return cls(
+            key=variables[_NAMES["key"]],
+            value=variables[_NAMES["value"]],
+            index=variables[_NAMES["index"]],
+            beam_rows=table.rows if isinstance(table, _ReadTable) else table,
+            reads_beam_rows=isinstance(table, _ReadTable),
+        )
+
+    def store(self) -> dict[str, Any]:
+        """`{variable name: value}`: the arrays under Flax's names, and the table if there is one."""
+        stored: dict[str, Any] = {_NAMES[name]: getattr(self, name) for name in ("key", "value", "index")}
+        if self.beam_rows is not None:
+            stored[_NAMES["beam_rows"]] = _ReadTable(self.beam_rows) if self.reads_beam_rows else self.beam_rows
+        return stored
+
+    @classmethod
+    def typed(cls, tree: Any) -> Any:
+        """A `cache` collection with every layer's stored cache (a mapping holding `cached_key`) as a `KVCache`."""
+        if not isinstance(tree, Mapping):
+            return tree
+        if _NAMES["key"] in tree:
+            others = {name: x for name, x in tree.items() if name not in _NAMES.values()}
+            return {**others, _NAMES["key"]: cls.load(tree)}  # `untyped` stores it back under its names
+        return {name: cls.typed(x) for name, x in tree.items()}
+
+    @classmethod
+    def untyped(cls, tree: Any) -> Any:
+        """`typed`'s inverse: every `KVCache` back into its variables."""
+        if isinstance(tree, KVCache):
+            return tree.store()
+        if not isinstance(tree, Mapping):
+            return tree
+        out: dict[str, Any] = {}
+        for name, x in tree.items():
+            out.update(x.store() if isinstance(x, KVCache) else {name: cls.untyped(x)})
+        return out
+
+    @property
+    def batch(self) -> tuple:
+        return tuple(self.key.shape[:-3])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.key.shape[-3]
+
+    @property
+    def max_length(self) -> int:
+        return self.key.shape[-2]
+
+    def with_beam_rows(self, rows: jax.Array) -> KVCache:
+        """This cache with beam search's table, rows `[sources, beams, T]` cut to its `max_length` positions."""
+        return dataclasses.replace(self, beam_rows=rows[:, :, : self.max_length], reads_beam_rows=False)
+
+    def reorder(self, parents: jax.Array | None) -> KVCache:
+        """Beam search's next step: beam k of source b continues beam `parents[b, k]` (`[sources, beams]` int; None:
+        keep the order). A cache read through its table stays in place (its rows are each beam's own, the table
+        says where each history lies); one that was not (Flax's own layer) has its rows reordered. The table is
+        dropped: beam search hands in a new one each step.
+        """
+        cache = dataclasses.replace(self, beam_rows=None, reads_beam_rows=False)
+        if parents is None or self.reads_beam_rows:
+            return cache
+        return dataclasses.replace(
+            cache, key=_reorder_rows(self.key, parents), value=_reorder_rows(self.value, parents)
+        )
+
+    def write(self, key: jax.Array, value: jax.Array) -> KVCache:
+        """key `[batch..., L_new, G, d_k]` and value `[batch..., L_new, G, d_v]` written at `index` (not advanced)."""
+        return dataclasses.replace(
+            self, key=write(self.key, key, self.index), value=write(self.value, value, self.index)
+        )
+
+    def step(
+        self,
+        key: jax.Array,
+        value: jax.Array,
+        mask: jax.Array | None,
+        *,
+        num_heads: int,
+        lengths: jax.Array | None = None,
+        formulation: Formulation | None = None,
+        beams_in_place: bool = False,
+    ) -> tuple[KVCache, Read]:
+        """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
+
+        mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
+        lengths: the real new tokens per sequence, int `[batch...]` (default L_new; needs a
+        per-sequence `index`). The write is `formulation.write_cache` (`attention.formulation`).
+        Under beam search (a `beam_rows` table) the cache rows hold the beams' histories spread
+        out: read in place (`Read.beam_rows`) if `beams_in_place`, else gathered into each beam's
+        own keys/values. -> (the cache to store, what attention reads).
+        """
+        batch, max_length, G, new_length = self.batch, self.max_length, self.num_kv_heads, key.shape[-3]
+        if tuple(key.shape[:-3]) != batch or key.shape[-2] != G or new_length > max_length:
+            raise ValueError(
+                f"decode: the cache holds {max_length} positions for batch {batch} and {G} KV heads, "
+                f"got keys {key.shape} (at most {max_length} new positions)"
+            )
+        advance = _advance(lengths, self.index, batch, new_length)
+        mask = as_bool_mask("mask", mask, (*batch, num_heads, new_length, max_length))
+        written = resolve(formulation).write_cache(self, key, value)
+        mask = and_masks(causal_mask(self.index, new_length, max_length), mask)
+        new = dataclasses.replace(written, index=self.index + advance, reads_beam_rows=self.beam_rows is not None)
+        to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
+        read = Read(to_caller(new.key), to_caller(new.value), mask, self.index, None)
+        if self.beam_rows is None:
+            return new, read
+        beams.check_rows(self.beam_rows, batch, max_length)
+        if beams_in_place:
+            return new, read._replace(beam_rows=self.beam_rows)
+        gather = lambda x: beams.gather_history(x, self.beam_rows)
+        return new, read._replace(key=gather(read.key), value=gather(read.value))
+
+
+def _reorder_rows(x, parents):
+    """x `[sources * beams, ...]` -> row k of source b from row `parents[b, k]`."""
+    B, K = parents.shape
+    by_source = x.reshape(B, K, *x.shape[1:])
+    return jax.vmap(lambda rows, idx: rows[idx])(by_source, parents).reshape(x.shape)
 
 
 def _advance(lengths, index, batch, new_length):
@@ -124,5 +269,8 @@ def _write_per_sequence(cache, new, index):
 
 
 def causal_mask(index: jax.Array, new_length: int, max_length: int) -> jax.Array:
-    """`[batch..., 1, L_new, max_length]` bool (`[1, L_new, max_length]` for a scalar index): new query i sees keys <= index + i."""
+    """`[batch..., 1, L_new, max_length]` bool (`[1, L_new, max_length]` for a scalar index).
+
+    New query i sees keys <= index + i.
+    """
     return causal_from(index, new_length, max_length)[..., None, :, :]  # the head axis

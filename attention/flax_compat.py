@@ -2,7 +2,9 @@
 call, and the NNX layer's parameters as a Linen tree (and back).
 
 Nothing here computes attention; the faces (`attention.layer`, `attention.nnx`) call these where
-Flax's conventions differ from the library's own.
+Flax's conventions differ from the library's own, starting with one check of each call
+(`linen_call`, `nnx_call`: Flax's input rules, the settings, the dropout flags) that returns the
+`attention.multihead.Call` the rest of the call reads.
 """
 
 from __future__ import annotations
@@ -17,9 +19,54 @@ import jax.numpy as jnp
 from flax import nnx, traverse_util
 from flax.nnx.module import first_from
 
+from attention import family
 from attention import multihead as mh
 from attention.checks import require
+from attention.geometry import HeadGeometry
 from attention.masks import and_masks, structure_mask
+
+
+def linen_call(layer, inputs_q, inputs_k, inputs_v, inputs_kv, deterministic, dropout_rng, lengths) -> mh.Call:
+    """The Linen layer's call checked: Flax's input rules, the attributes and `lengths`, then the dropout flags."""
+    inputs_k, inputs_v = resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+    owner = f"{type(layer).__name__}."
+    geometry = HeadGeometry.resolve(
+        layer.num_heads,
+        num_kv_heads=layer.num_kv_heads,
+        v_head_dim=layer.v_head_dim,
+        features=layer.qkv_features or inputs_q.shape[-1],
+        features_name="qkv_features",
+        owner=owner,
+    )
+    blocks = mh.check_settings(
+        owner,
+        geometry,
+        impl=layer.impl,
+        block_sizes=layer.block_sizes,
+        fused_qkv=layer.fused_qkv,
+        dropout_rate=layer.dropout_rate,
+    )
+    mh.check_fused_inputs(layer.fused_qkv, inputs_k is inputs_q and inputs_v is inputs_q)
+    if layer.cache_cross_kv and layer.decode:
+        raise ValueError(
+            f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
+            "a source's keys/values (cross-attention), decode appends to a self-attention cache"
+        )
+    check_einsum_cls(layer)
+    mh.check_lengths(lengths, layer.decode)
+    options = family.check_options(layer.attention_type, layer.attention_options)  # checks the name too
+    if layer.attention_type == "softmax":  # a member refuses dropout itself
+        deterministic, dropout_rng = linen_dropout(layer, deterministic, dropout_rng)
+    return mh.Call((inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng)
+
+
+def nnx_call(layer, inputs_q, inputs_k, inputs_v, *, decode, lengths, input_positions, deterministic, rngs) -> mh.Call:
+    """The NNX layer's call checked: Flax's input rules, the call's arguments, then (softmax) the dropout flags."""
+    inputs_k, inputs_v = resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
+    check_nnx_call(layer, inputs_q, decode, lengths, input_positions)
+    dropout = nnx_dropout(layer, deterministic, rngs) if layer.attention_type == "softmax" else (deterministic, None)
+    inputs = (inputs_q, inputs_k, inputs_v)
+    return mh.Call(inputs, layer.geometry, layer.blocks, dict(layer.attention_options), *dropout)
 
 
 def call_attention_fn(layer, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights):
@@ -170,7 +217,8 @@ def load_linen_params(layer: nnx.Module, params: Mapping[str, Any]) -> None:
             raise ValueError(f"params: {name} is not a parameter of this layer ({type(layer).__name__})")
         if tuple(jnp.shape(theirs[path])) != tuple(ours[path].shape):
             raise ValueError(
-                f"params: {name} has shape {tuple(jnp.shape(theirs[path]))}; the layer expects {tuple(ours[path].shape)}"
+                f"params: {name} has shape {tuple(jnp.shape(theirs[path]))}; "
+                f"the layer expects {tuple(ours[path].shape)}"
             )
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({p: jnp.asarray(v) for p, v in theirs.items()}))
     nnx.update(layer, state)

@@ -70,8 +70,21 @@ class Formulation:
         """One head's output: weights `[Lq, Lk]`, v `[Lk, d_v]` -> `[Lq, d_v]` in `logits_dtype(v.dtype)`."""
         return jnp.einsum("qk,kd->qd", weights, v, precision=precision, preferred_element_type=logits_dtype(v.dtype))
 
+    def write_cache(self, cache: Any, key: jax.Array, value: jax.Array) -> Any:
+        """A decode step's write: `cache` (an `attention.cache.KVCache`) with key `[batch..., L_new, G, d_k]` and
+        value `[batch..., L_new, G, d_v]` written at its index (`KVCache.write`), as XLA fuses it."""
+        return cache.write(key, value)
+
+    def broadcast_queries(self, queries: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        """Beam search's query block broadcast over a source's rows (`attention.beams.history_attention`)."""
+        return jnp.broadcast_to(queries, shape)
+
     def materialize(self, tree: Any) -> Any:
-        """Arrays the caller wants computed once and read by every consumer (a cache update): as they are."""
+        """The hook a backend overrides to have arrays computed once and read by every consumer: as they are here.
+
+        The plain steps above do not call it; a backend's override of a step may (XLA:CPU keeps the written
+        cache and beam search's query block materialised behind a barrier, `backends.xla_cpu`).
+        """
         return tree
 
     def decode_log_probs(self, logits: jax.Array) -> jax.Array:

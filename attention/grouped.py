@@ -7,7 +7,7 @@ Query heads are grouped by the key/value head they share (R = H / G of them per 
     out `[B, Lq, G, R, d_v]`   weights `[B, G, R, Lq, Lk]` (or None)
 
 with the batch axes flattened into B. K/V are stored heads-first, as the decode cache stores
-them (`attention.layer`), so GQA/MQA never repeat K/V and a decode step reads each KV head's
+them (`attention.cache`), so GQA/MQA never repeat K/V and a decode step reads each KV head's
 cache contiguously. Every implementation is a function
 
     implementation(q, k, v, mask, bias, options: Options) -> (out, weights or None)

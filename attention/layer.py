@@ -16,10 +16,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from attention import beams, family, flax_compat
+from attention import family, flax_compat
 from attention import multihead as mh
+from attention.cache import KVCache
 from attention.formulation import resolve
-from attention.geometry import HeadGeometry
 
 
 class MultiHeadAttention(nn.Module):
@@ -97,43 +97,43 @@ class MultiHeadAttention(nn.Module):
         lengths: with `decode` and `per_sequence_index`, the real new tokens per sequence, int `[batch...]`.
         Returns `[batch..., Lq, out_features or D]`.
         """
-        inputs_k, inputs_v = flax_compat.resolve_linen_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
-        geometry, blocks, options = self._check_config(inputs_q, inputs_k is inputs_q and inputs_v is inputs_q, lengths)
+        call = flax_compat.linen_call(
+            self, inputs_q, inputs_k, inputs_v, inputs_kv, deterministic, dropout_rng, lengths
+        )
         if self.attention_type != "softmax":
-            x = self._family_attention(
-                options, geometry, (inputs_q, inputs_k, inputs_v), mask, is_causal, sow_weights, lengths
+            return self._output(
+                self._family_attention(call, mask, is_causal, sow_weights, lengths, head_mask), inputs_q
             )
-            return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
-        query, key, value = self._project(inputs_q, inputs_k, inputs_v, geometry)
-        deterministic, dropout_rng = flax_compat.linen_dropout(self, deterministic, dropout_rng)
-        in_place = self.attention_fn is None and not sow_weights and deterministic
-        step, beam_rows = self._use_cache(key, value, mask, in_place, lengths) if self.decode else (None, None)
-        if step is not None:  # the cache mask is causal, at the right offset
-            key, value, mask, is_causal = step.key, step.value, step.mask, False
+        query, key, value = self._project(*call.inputs, call.geometry)
+        in_place = self.attention_fn is None and not sow_weights and call.deterministic
+        read = self._use_cache(key, value, mask, in_place, lengths) if self.decode else None
+        if read is not None:  # the cache mask is causal, at the right offset
+            key, value, mask, is_causal = read.key, read.value, read.mask, False
         if self.attention_fn is not None:
             x = flax_compat.call_attention_fn(
-                self, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights
+                self, query, key, value, mask, is_causal, call.deterministic, call.dropout_rng, sow_weights
             )
-        else:
-            x = mh.exact_heads(
-                query,
-                key,
-                value,
-                sow=self._sow if sow_weights else None,
-                impl=self.impl,
-                **blocks,
-                mask=mask,
-                beam_rows=beam_rows,
-                is_causal=is_causal,
-                dropout_rate=self.dropout_rate,
-                dropout_rng=dropout_rng,
-                deterministic=deterministic,
-                broadcast_dropout=self.broadcast_dropout,
-                dtype=self.dtype,
-                precision=self.precision,
-                formulation=self.formulation,
-            )
-        return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
+            return self._output(mh.gate_heads(x, head_mask, self.num_heads), inputs_q)
+        x = mh.exact_heads(
+            query,
+            key,
+            value,
+            sow=self._sow if sow_weights else None,
+            impl=self.impl,
+            **call.blocks,
+            mask=mask,
+            beam_rows=None if read is None else read.beam_rows,
+            head_mask=head_mask,
+            is_causal=is_causal,
+            dropout_rate=self.dropout_rate,
+            dropout_rng=call.dropout_rng,
+            deterministic=call.deterministic,
+            broadcast_dropout=self.broadcast_dropout,
+            dtype=self.dtype,
+            precision=self.precision,
+            formulation=self.formulation,
+        )
+        return self._output(x, inputs_q)
 
     def _sow(self, weights):  # Flax sows float32 weights under force_fp32_for_softmax
         self.sow(
@@ -158,13 +158,13 @@ class MultiHeadAttention(nn.Module):
             name="out",
         )(x)
 
-    def _family_attention(self, options, geometry, inputs, mask, is_causal, sow_weights, lengths):
+    def _family_attention(self, call, mask, is_causal, sow_weights, lengths, head_mask):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        causal, (inputs_q, inputs_k, inputs_v) = is_causal or self.decode, inputs
+        causal, (inputs_q, inputs_k, inputs_v) = is_causal or self.decode, call.inputs
         spec = mh.check_member_call(
             type(self).__name__,
             self,
-            geometry,
+            call.geometry,
             is_self=inputs_k is inputs_q and inputs_v is inputs_q,
             values_are_keys=inputs_v is inputs_k,
             causal=causal,
@@ -178,45 +178,21 @@ class MultiHeadAttention(nn.Module):
             lengths=lengths,
             in_decode_mode=self.decode and spec.decode == "state",
         )
-        module = mh.make_member(self, options, geometry, decode=self.decode, kernel_init=self.kernel_init)
-        project = functools.partial(self._project, geometry=geometry)
+        module = mh.make_member(self, call.options, call.geometry, decode=self.decode, kernel_init=self.kernel_init)
+        project = functools.partial(self._project, geometry=call.geometry)
         use_cache = functools.partial(self._use_cache, lengths=lengths)
         return mh.family_heads(
-            spec, module, project, use_cache, inputs, mask, num_heads=self.num_heads, causal=causal, decode=self.decode
+            spec,
+            module,
+            project,
+            use_cache,
+            call.inputs,
+            mask,
+            num_heads=self.num_heads,
+            causal=causal,
+            decode=self.decode,
+            head_mask=head_mask,
         )
-
-    def _check_config(self, inputs_q, is_self_attention, lengths):
-        """Validate the attributes and `lengths`; return the `HeadGeometry`, `attend`'s block sizes, the member's options."""
-        owner = f"{type(self).__name__}."
-        geometry = HeadGeometry.resolve(
-            self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            v_head_dim=self.v_head_dim,
-            features=self.qkv_features or inputs_q.shape[-1],
-            features_name="qkv_features",
-            owner=owner,
-        )
-        blocks = mh.check_settings(
-            owner,
-            geometry,
-            impl=self.impl,
-            block_sizes=self.block_sizes,
-            fused_qkv=self.fused_qkv,
-            dropout_rate=self.dropout_rate,
-        )
-        mh.check_fused_inputs(self.fused_qkv, is_self_attention)
-        if self.cache_cross_kv and self.decode:
-            raise ValueError(
-                f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
-                "a source's keys/values (cross-attention), decode appends to a self-attention cache"
-            )
-        flax_compat.check_einsum_cls(self)
-        mh.check_lengths(lengths, self.decode)
-        return (
-            geometry,
-            blocks,
-            family.check_options(self.attention_type, self.attention_options),
-        )  # checks the name too
 
     def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):
         """q [batch..., Lq, H, Dk], k [batch..., Lk, G, Dk] (q when `shared_qk`), v [batch..., Lk, G, Dv]; qk-normed."""
@@ -248,7 +224,7 @@ class MultiHeadAttention(nn.Module):
         return norm(name="query_ln")(query), norm(name="key_ln")(key), value
 
     def _cross_kv(self, project_kv):
-        """(key, value) from the cache if stored (`cache_cross_kv`), else projected, and stored if the cache is being filled."""
+        """(key, value) from the cache if stored (`cache_cross_kv`), else projected (stored if the cache is filling)."""
         stored = (
             tuple(self.get_variable("cache", n) for n in mh.CROSS_KV)
             if self.has_variable("cache", "cross_key")
@@ -258,34 +234,26 @@ class MultiHeadAttention(nn.Module):
         return mh.cross_kv(stored, project_kv, functools.partial(self.put_variable, "cache") if fill else None)
 
     def _use_cache(self, key, value, mask, beams_in_place, lengths=None):
-        """`multihead.decode_step` over the `cache` collection -> (`cache.Step`, beam_rows); (None, None) at init."""
-        initialized = self.has_variable("cache", "cached_key")
-        dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
-        zeros = functools.partial(
-            mh.empty_cache,
-            key.shape[:-3],
-            *key.shape[-3:],
-            value.shape[-1],
-            dtype,
-            per_sequence=self.per_sequence_index,
-        )
-        variables = [self.variable("cache", name, lambda i=i: zeros()[i]) for i, name in enumerate(mh.CACHE)]
-        if not initialized:  # init: size the cache, attend over the inputs as usual
-            return None, None
-        rows = self.get_variable("cache", beams.ROWS)  # None unless beam search put its table there
-        if rows is not None:  # tells beam search this cache was read through the table (attention.beams)
-            self.put_variable("cache", beams.ROWS_READ, jnp.zeros((), bool))
-        step, rows = mh.decode_step(
-            tuple(v.value for v in variables),
+        """One `KVCache.step` over the `cache` collection -> what attention reads (`cache.Read`); None at init."""
+        stored = KVCache.load(self.variables.get("cache", {}))
+        if stored is None:  # init: size the cache, attend over the inputs as usual
+            dtype = self.dtype or key.dtype  # the compute dtype: a projection's dot_general may return a wider one
+            shape = (*key.shape[-3:], value.shape[-1])
+            empty = KVCache.empty(key.shape[:-3], *shape, dtype, per_sequence=self.per_sequence_index)
+            self._store_cache(empty)
+            return None
+        new, read = stored.step(
             key,
             value,
             mask,
             num_heads=self.num_heads,
             lengths=lengths,
             formulation=resolve(self.formulation),
-            beam_rows=rows,
             beams_in_place=beams_in_place,
         )
-        for variable, new in zip(variables, step[:3]):
-            variable.value = new
-        return step, rows
+        self._store_cache(new)
+        return read
+
+    def _store_cache(self, cache):
+        for name, x in cache.store().items():
+            self.put_variable("cache", name, x)

@@ -2,10 +2,11 @@
 
 The Linen layer (`attention.layer`) and the NNX layer (`attention.nnx`) map Flax's constructor
 and call conventions onto these functions and keep the variables (Linen collections, NNX
-attributes); everything else lives here: the checks of the settings, the exact attention and its
-sown weights, the decode-cache step with beam search's reads (`attention.cache`,
-`attention.beams`), the family dispatch, and the head gates. Shapes follow Flax:
-`[batch..., L, heads, head_dim]`.
+attributes; the decode cache is loaded and stored as an `attention.cache.KVCache`); everything else
+lives here: the checks of the settings (gathered per call into a `Call` by
+`attention.flax_compat`), the exact attention and its sown weights, beam search's in-place reads of
+a decode step's cache (`attention.beams`), the family dispatch, and the head gates, applied by the
+core call itself. Shapes follow Flax: `[batch..., L, heads, head_dim]`.
 """
 
 from __future__ import annotations
@@ -13,15 +14,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from attention import beams, cache, family
+from attention import beams, family
 from attention.checks import is_positive_int, require
 from attention.core import IMPLS, attend
+from attention.geometry import HeadGeometry
 from attention.grouped import flatten_batch
 from attention.masks import as_bool_mask, head_multiplier
+
+
+class Call(NamedTuple):
+    """One face call, checked (`attention.flax_compat.linen_call` / `nnx_call`): what the rest of it reads."""
+
+    inputs: tuple[jax.Array, jax.Array, jax.Array]  # (inputs_q, inputs_k, inputs_v), k and v by Flax's rules
+    geometry: HeadGeometry
+    blocks: dict  # `attend`'s block-size keywords
+    options: dict  # the family member's options (`attention_options`, checked)
+    deterministic: Any  # bool, or None where no dropout is drawn
+    dropout_rng: jax.Array | None
 
 
 def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: bool, dropout_rate: float) -> dict:
@@ -63,14 +77,21 @@ def exact_heads(
     sow: Callable | None,
     impl: str,
     beam_rows: jax.Array | None = None,
+    head_mask: jax.Array | None = None,
     **options,
 ) -> jax.Array:
     """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
 
-    `sow(weights)`, when given, receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs
-    "vmap", and an `impl` that exposes none is a ValueError. With `beam_rows` (from `decode_step`
-    with `beams_in_place`) k and v are a beam-search cache read in place (`attention.beams`).
+    Each head's output is scaled by `head_mask` (`gate_heads`), if given. `sow(weights)`, when given,
+    receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs "vmap", and an `impl` that exposes
+    none is a ValueError. With `beam_rows` (a decode step's `attention.cache.Read`, `beams_in_place`)
+    k and v are a beam-search cache read in place (`attention.beams`).
     """
+    x = _exact(query, key, value, sow, impl, beam_rows, options)
+    return gate_heads(x, head_mask, query.shape[-2])
+
+
+def _exact(query, key, value, sow, impl, beam_rows, options):
     if beam_rows is not None:
         return beams.history_attention(
             query,
@@ -94,43 +115,11 @@ def exact_heads(
     return x
 
 
-def decode_step(
-    state: tuple,
-    key: jax.Array,
-    value: jax.Array,
-    mask: jax.Array | None,
-    *,
-    num_heads: int,
-    lengths=None,
-    formulation,
-    beam_rows: jax.Array | None = None,
-    beams_in_place: bool = False,
-):
-    """One decode call over `state = (cached_key, cached_value, index)` (`attention.cache.step`).
-
-    Under beam search (`beam_rows` from the `cache` collection, `attention.beams`) the rows hold the
-    beams' histories spread out: returned as they are with the table if `beams_in_place`, else
-    gathered into each beam's own keys/values and the table None. -> (`cache.Step`, beam_rows).
-    """
-    cached_key, cached_value, index = state
-    step = cache.step(
-        cached_key, cached_value, index, key, value, mask, num_heads=num_heads, lengths=lengths, formulation=formulation
-    )
-    if beam_rows is None:
-        return step, None
-    beams.check_rows(beam_rows, step.cached_key.shape[:-3], step.cached_key.shape[-2])
-    if beams_in_place:
-        return step, beam_rows
-    return step._replace(
-        key=beams.gather_history(step.key, beam_rows), value=beams.gather_history(step.value, beam_rows)
-    ), None
-
-
 CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
 
 
 def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None) -> tuple:
-    """A cross-attention's (key, value) `[batch..., Ls, G, D]`: `stored` ones, else `project_kv()`, then `store(name, x)`-ed.
+    """A cross-attention's (key, value) `[batch..., Ls, G, D]`: `stored`, else `project_kv()`'s, `store(name, x)`-ed.
 
     Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back
     to the caller's layout and the attention's own cancel, so no step transposes the source again.
@@ -196,32 +185,6 @@ def check_cache_size(batch: tuple, max_length: int) -> None:
     )
 
 
-CACHE = ("cached_key", "cached_value", "cache_index")  # the names of a layer's decode-cache variables
-
-
-def empty_cache(
-    batch: tuple,
-    max_length: int,
-    num_kv_heads: int,
-    head_dim: int,
-    v_head_dim: int,
-    dtype,
-    *,
-    per_sequence: bool = True,
-) -> tuple:
-    """Zero `CACHE`: `cached_key [batch..., G, max_length, d_k]`, `cached_value [..., d_v]` and `cache_index`.
-
-    The index is one position per sequence, `[batch...]`, or with `per_sequence=False` one for the
-    batch, `[]` (Flax's variable); `attention.cache` takes either.
-    """
-    shape = (*batch, num_kv_heads, max_length)
-    return (
-        jnp.zeros((*shape, head_dim), dtype),
-        jnp.zeros((*shape, v_head_dim), dtype),
-        jnp.zeros(batch if per_sequence else (), jnp.int32),
-    )
-
-
 def make_member(layer, options: dict, geometry, *, decode: bool, kernel_init: Callable):
     """The `layer.attention_type` member's Linen module, filled from the layer's settings."""
     return family.instantiate(
@@ -250,29 +213,31 @@ def family_heads(
     num_heads: int,
     causal: bool,
     decode: bool,
+    head_mask: jax.Array | None = None,
     **member_kwargs,
 ) -> jax.Array:
-    """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, checked by `check_member_call`).
+    """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, `check_member_call`), gated by `head_mask`.
 
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
-    beams_in_place)` -> (`cache.Step`, beam_rows), for members decoding over the layer's KV cache.
+    beams_in_place)` -> `attention.cache.Read` (None at the Linen layer's init), for members decoding
+    over the layer's KV cache.
     """
     batch = inputs[0].shape[:-2]
     run = lambda member_inputs, mask, **extra: member_heads(
         member, member_inputs, mask, num_heads=num_heads, batch=batch, is_causal=causal, **member_kwargs, **extra
     )
     if spec.projects:
-        return run(inputs[:2], mask, bool_mask=not decode)
+        return gate_heads(run(inputs[:2], mask, bool_mask=not decode), head_mask, num_heads)
     query, key, value = project(*inputs, shared_qk=spec.shared_qk)
     extra = {}
     if decode and spec.decode == "kv_cache":
-        step, beam_rows = use_cache(key, value, mask, spec.beams_in_place)
-        if step is not None:  # None: the Linen layer's init, which only sizes the cache
-            key, value, mask = step.key, step.value, step.mask
-            extra["query_offset"] = step.offset.reshape(-1) if step.offset.ndim else step.offset
-        if beam_rows is not None:
-            extra["beam_rows"] = beam_rows
-    return run((query, key, value), mask, **extra)
+        read = use_cache(key, value, mask, spec.beams_in_place)
+        if read is not None:  # None: the Linen layer's init, which only sizes the cache
+            key, value, mask = read.key, read.value, read.mask
+            extra["query_offset"] = read.offset.reshape(-1) if read.offset.ndim else read.offset
+            if read.beam_rows is not None:
+                extra["beam_rows"] = read.beam_rows
+    return gate_heads(run((query, key, value), mask, **extra), head_mask, num_heads)
 
 
 def check_member_call(

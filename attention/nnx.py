@@ -20,6 +20,7 @@ from flax.nnx.nn.linear import default_kernel_init
 
 from attention import family, flax_compat
 from attention import multihead as mh
+from attention.cache import VARIABLES
 from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
 from attention.geometry import HeadGeometry
@@ -149,7 +150,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             key_ln=key_ln_scale_metadata,
         )
         self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
-        for name in (*mh.CACHE, *mh.CROSS_KV):
+        for name in (*VARIABLES, *mh.CROSS_KV):
             setattr(self, name, nnx.data(None))
 
     def _make_layers(
@@ -242,32 +243,40 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         head_mask: jax.Array | None = None,
         lengths: jax.Array | None = None,
     ) -> jax.Array:
-        """`inputs_q [batch..., Lq, in_features]` (`inputs_k`/`inputs_v [batch..., Lk, in_kv_features]`) -> `[batch..., Lq, out_features]`.
+        """`inputs_q [batch..., Lq, in_features]` -> `[batch..., Lq, out_features]`.
+
+        `inputs_k`/`inputs_v`: `[batch..., Lk, in_kv_features]`.
 
         As Flax's, plus head_mask (float, broadcastable to `[batch..., H]`, scales each head before
         W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`). Weights sown as
         Flax's layer sows them: `nnx.capture(layer, nnx.Intermediate)(x, sow_weights=True)` collects them.
         """
-        inputs_k, inputs_v = flax_compat.resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
         decode = bool(decode if decode is not None else self.decode)
-        flax_compat.check_nnx_call(self, inputs_q, decode, lengths, input_positions)
+        call = flax_compat.nnx_call(
+            self,
+            inputs_q,
+            inputs_k,
+            inputs_v,
+            decode=decode,
+            lengths=lengths,
+            input_positions=input_positions,
+            deterministic=deterministic,
+            rngs=rngs,
+        )
         cross, decode = decode and self.cache_cross_kv, decode and not self.cache_cross_kv  # cross: the stored source
         project = functools.partial(self._project, sharding=qkv_sharding, cross=cross)
         if self.attention_type != "softmax":
-            x = self._family_attention(
-                (inputs_q, inputs_k, inputs_v), mask, is_causal, decode, lengths, sow_weights, project
-            )
-            return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
-        query, key, value = project(inputs_q, inputs_k, inputs_v)
+            x = self._family_attention(call.inputs, mask, is_causal, decode, lengths, sow_weights, project, head_mask)
+            return self.out(x, out_sharding=out_sharding)
+        query, key, value = project(*call.inputs)
         if decode:  # the cache mask is causal, at each sequence's offset
-            step = self._use_cache(key, value, mask, lengths)
-            key, value, mask, is_causal = step.key, step.value, step.mask, False
-        deterministic, dropout_rng = flax_compat.nnx_dropout(self, deterministic, rngs)
+            read = self._use_cache(key, value, mask, lengths)
+            key, value, mask, is_causal = read.key, read.value, read.mask, False
         options = dict(
             mask=mask,
             dropout_rate=self.dropout_rate,
-            dropout_rng=dropout_rng,
-            deterministic=deterministic,
+            dropout_rng=call.dropout_rng,
+            deterministic=call.deterministic,
             broadcast_dropout=self.broadcast_dropout,
             dtype=self.dtype,
             precision=self.precision,
@@ -277,22 +286,23 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             x = self.attention_fn(
                 query, key, value, **options, module=self if sow_weights else None, is_causal=is_causal, **extra
             )
-        else:
-            sow = functools.partial(self.sow, nnx.Intermediate, "attention_weights") if sow_weights else None
-            x = mh.exact_heads(
-                query,
-                key,
-                value,
-                sow=sow,
-                impl=self.impl,
-                **self.blocks,
-                **options,
-                is_causal=is_causal,
-                formulation=self.formulation,
-            )
-        return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
+            return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
+        sow = functools.partial(self.sow, nnx.Intermediate, "attention_weights") if sow_weights else None
+        x = mh.exact_heads(
+            query,
+            key,
+            value,
+            sow=sow,
+            impl=self.impl,
+            **call.blocks,
+            **options,
+            head_mask=head_mask,
+            is_causal=is_causal,
+            formulation=self.formulation,
+        )
+        return self.out(x, out_sharding=out_sharding)
 
-    def _family_attention(self, inputs, mask, is_causal, decode, lengths, sow_weights, project):
+    def _family_attention(self, inputs, mask, is_causal, decode, lengths, sow_weights, project, head_mask):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
         (inputs_q, inputs_k, inputs_v), name, causal = inputs, self.attention_type, is_causal or decode
         spec = mh.check_member_call(
@@ -308,7 +318,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
-        use_cache = lambda k, v, m, _: (self._use_cache(k, v, m, lengths), None)
+        use_cache = lambda k, v, m, _: self._use_cache(k, v, m, lengths)
         return mh.family_heads(
             spec,
             member,
@@ -319,12 +329,14 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             num_heads=self.num_heads,
             causal=causal,
             decode=decode,
+            head_mask=head_mask,
             mutable=["cache"] if own_state else False,
         )  # ToNNX keeps the new state
 
     def _project(self, inputs_q, inputs_k, inputs_v, sharding=None, shared_qk=False, cross=False):
-        """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q when `shared_qk`), v `[batch..., Lk, G, d_v]`; qk-normed.
+        """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q if `shared_qk`), v `[batch..., Lk, G, d_v]`.
 
+        Queries and keys are normed with `normalize_qk`.
         `cross`: k and v are the stored source's (`cache_cross_kv`), projected and stored if none is.
         """
         if self.fused_qkv:

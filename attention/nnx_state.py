@@ -3,7 +3,7 @@
 A mixin of `attention.nnx.MultiHeadAttention`, which provides the settings it reads (`geometry`,
 `attention_type`, `cache_cross_kv`, ...; the constructor arguments it keeps are declared, typed, in
 `Settings`). The state is one of three: the KV cache (`cached_key`, `cached_value`, `cache_index
-[batch...]`, `attention.cache`), a family member's own state, or a cross-attention's stored source
+[batch...]`, an `attention.cache.KVCache`), a family member's own state, or a cross-attention's stored source
 keys/values (`cross_key`, `cross_value`).
 """
 
@@ -18,6 +18,7 @@ from flax import nnx
 
 from attention import family
 from attention import multihead as mh
+from attention.cache import VARIABLES, KVCache
 
 
 class Settings:
@@ -79,8 +80,8 @@ class DecodeState(Settings):
             for name, zeros in state.items():
                 setattr(member, name, nnx.Cache(zeros))
         else:
-            zeros = mh.empty_cache(batch, max_length, self.num_kv_heads, self.head_dim, self.v_head_dim, dtype)
-            for name, x in zip(mh.CACHE, zeros):
+            empty = KVCache.empty(batch, max_length, self.num_kv_heads, self.head_dim, self.v_head_dim, dtype)
+            for name, x in empty.store().items():
                 setattr(self, name, nnx.Cache(x))
 
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
@@ -111,25 +112,21 @@ class DecodeState(Settings):
         self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
 
     def _use_cache(self, key, value, mask, lengths):
-        """`multihead.decode_step` over the cache attributes -> `cache.Step`."""
-        if self.cached_key is None or self.cached_value is None or self.cache_index is None:
+        """One `KVCache.step` over the cache attributes -> what attention reads (`cache.Read`)."""
+        variables = {name: getattr(self, name) for name in VARIABLES}
+        if any(variable is None for variable in variables.values()):
             raise ValueError(
                 "decode=True needs the cache: call init_cache(input_shape) or "
                 "nnx.view(layer, decode=True, batch_size=..., max_length=...) first"
             )
-        variables = (self.cached_key, self.cached_value, self.cache_index)
-        step, _ = mh.decode_step(
-            tuple(v[...] for v in variables),
-            key,
-            value,
-            mask,
-            num_heads=self.num_heads,
-            lengths=lengths,
-            formulation=self.formulation,
+        stored = KVCache.load({name: variable[...] for name, variable in variables.items()})
+        assert stored is not None  # every variable is there
+        new, read = stored.step(
+            key, value, mask, num_heads=self.num_heads, lengths=lengths, formulation=self.formulation
         )
-        for variable, new in zip(variables, step[:3]):
-            variable[...] = new
-        return step
+        for name, x in new.store().items():
+            variables[name][...] = x
+        return read
 
     def _cross_kv(self, project_kv):
         """(key, value) of the stored source (`cache_cross_kv`), else `project_kv()`'s, then stored."""

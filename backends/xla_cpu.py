@@ -6,10 +6,11 @@ CPU and the training config passes them to the model (`TransformerConfig.formula
 other backend the model runs the plain formulation (`attention.formulation.Formulation`,
 Flax's `jax.random.bernoulli` dropout).
 
-* Cache updates behind `lax.optimization_barrier`: one materialised update per cache, read by the
-  attention and returned; without it XLA:CPU may fuse the update into each consumer and copy the
-  (donated) cache. The same barrier keeps beam search's small query block materialised
-  (`attention.beams`), and a decode step's logits apart from its log_softmax (`decode_log_probs`).
+* Cache updates behind `lax.optimization_barrier` (`write_cache`): one materialised update per cache,
+  read by the attention and returned; without it XLA:CPU may fuse the update into each consumer and
+  copy the (donated) cache. The same barrier keeps beam search's small query block materialised
+  (`broadcast_queries`, `attention.beams`), and a decode step's logits apart from its log_softmax
+  (`decode_log_probs`).
 * Attention's two products stay plain: the (K Qᵀ)ᵀ logits for few queries and a float32 sum for one
   16-bit query row no longer paid on jax 0.12.1 (results/code_choices.md) and were deleted.
 * The loss reads the targets' logits with a gather (`target_logits`): on XLA:CPU its gradient's
@@ -23,6 +24,7 @@ Flax's `jax.random.bernoulli` dropout).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -47,6 +49,17 @@ class XlaCpuFormulation(Formulation):
         """log_softmax of the logits materialised apart: XLA:CPU fuses its max into the vocabulary matmul
         otherwise, and that ran slower (results/peer.md, section 5)."""
         return super().decode_log_probs(self.materialize(logits))
+
+    def write_cache(self, cache, key, value):
+        """The written keys and values behind one barrier: one update per cache, read by the attention and stored."""
+        written = super().write_cache(cache, key, value)
+        key, value = self.materialize((written.key, written.value))
+        return dataclasses.replace(written, key=key, value=value)
+
+    def broadcast_queries(self, queries, shape):
+        """The broadcast query block materialised: else XLA drops the broadcast axis from the product's batch axes
+        and then transposes the whole cache every step."""
+        return self.materialize(super().broadcast_queries(queries, shape))
 
 
 FORMULATION = XlaCpuFormulation()

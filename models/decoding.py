@@ -10,7 +10,8 @@ zero-padded in between. A batch that ends early never pays for the rest.
 
 Beam search never reorders the self-attention caches: each beam writes into its own cache row,
 and a `[B, K, T]` table of which row holds each position of each beam's hypothesis goes to the
-layers beside their caches (`attention.beams`), reordered instead of the keys and values. Only
+layers in their caches (`attention.cache.KVCache.with_beam_rows`, `attention.beams`), reordered
+instead of the keys and values. Only
 what a layer keeps of its own (performer's state, MLA's latent) is still reordered.
 
 Length penalty (GNMT, as in Vaswani et al.): lp(n) = ((5 + n) / 6) ** alpha, where n counts
@@ -19,15 +20,14 @@ the generated tokens including the EOS; a hypothesis scores log P(tokens) / lp(n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention import beams as attention_beams
 from attention import formulation as attention_formulation
+from attention.cache import KVCache
 
 
 def init_cache(model, params, encoded, src_tokens, max_len: int):
@@ -353,45 +353,35 @@ def _top_beams(seqs, scores, k):
 # cross-attention's source keys/values (attention's `cache_cross_kv`): the K beams of a source
 # hold the same ones, so reordering them is the identity
 _SOURCE_KV = frozenset({"cross_key", "cross_value"})
-# self-attention's keys/values, left in place where the layer read them through the beam rows
-_SELF_KV = frozenset({"cached_key", "cached_value"})
+
+
+def _is_kv_cache(x) -> bool:
+    return isinstance(x, KVCache)
 
 
 def _gather_cache(cache, beams):
     """Reorder every cache array [B*K, ...] so beam k of source b continues beam beams[b, k] (None: keep the order).
 
-    Scalars (the cache index and position counter) are shared by all beams and kept, and so are
-    the source's keys/values (left untouched, loop invariants XLA may hoist) and the keys/values
-    of every layer that read them through the beam rows (`attention.beams.ROWS_READ` beside them).
-    What is reordered is what the rest keep: performer's state, MLA's latent, a foreign layer's
-    cache. The beam rows and their marks are dropped: a step's input, not loop state.
+    Each self-attention's `KVCache` reorders itself (`KVCache.reorder`: kept in place where the layer
+    read it through the beam rows, and its table dropped: a step's input, not loop state). Of the
+    rest, scalars (a position counter) are shared by all beams and kept, and so are the source's
+    keys/values (loop invariants XLA may hoist); what is reordered is what layers keep of their own:
+    performer's state, MLA's latent.
     """
 
-    def reorder(x):
-        if beams is None or x.ndim == 0:
+    def reorder(path, x):
+        if _is_kv_cache(x):
+            return x.reorder(beams)
+        if beams is None or x.ndim == 0 or getattr(path[-1], "key", None) in _SOURCE_KV:
             return x
         batch, K = beams.shape
         return _take_beams(x.reshape(batch, K, *x.shape[1:]), beams).reshape(x.shape)
 
-    def walk(tree):
-        if not isinstance(tree, Mapping):
-            return reorder(tree)
-        kept = _SOURCE_KV | (_SELF_KV if attention_beams.ROWS_READ in tree else frozenset())
-        return {
-            name: x if name in kept else walk(x)
-            for name, x in tree.items()
-            if name not in (attention_beams.ROWS, attention_beams.ROWS_READ)
-        }
-
-    return walk(cache)
+    typed = KVCache.typed(cache)
+    return KVCache.untyped(jax.tree_util.tree_map_with_path(reorder, typed, is_leaf=_is_kv_cache))
 
 
 def _with_beam_rows(cache, rows):
-    """`cache` with `beam_rows` `[B, K, L]` (rows [B, K, T] cut to the cache's L positions) beside every
-    self-attention's keys and values."""
-    if not isinstance(cache, Mapping):
-        return cache
-    cache = {name: _with_beam_rows(x, rows) for name, x in cache.items()}
-    if "cached_key" in cache:
-        cache[attention_beams.ROWS] = rows[:, :, : cache["cached_key"].shape[-2]]
-    return cache
+    """`cache` with beam search's table, rows [B, K, T], in every self-attention's `KVCache` (`with_beam_rows`)."""
+    with_rows = lambda x: x.with_beam_rows(rows) if _is_kv_cache(x) else x
+    return KVCache.untyped(jax.tree.map(with_rows, KVCache.typed(cache), is_leaf=_is_kv_cache))

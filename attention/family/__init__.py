@@ -134,7 +134,10 @@ def check_state_decode(attention_type: str, spec: Member, *, decode: bool, in_de
 
 
 def decode_state(module, input_shapes) -> tuple:
-    """(`module` in decoding mode, its zero `cache` state `{name: array}` for inputs of `input_shapes`); nothing computed."""
+    """(`module` in decoding mode, its zero `cache` state `{name: array}` for inputs of `input_shapes`).
+
+    Nothing is computed.
+    """
     module = module.clone(decode=True)
     inputs = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in input_shapes]
     state = jax.eval_shape(lambda *x: module.init(jax.random.key(0), *x)["cache"], *inputs)

@@ -176,7 +176,10 @@ _STATE = ("state_kv", "state_z", "state_shift")
 
 @jax.custom_jvp
 def _normalise(num, den):
-    """num `[..., d_v]` / den `[...]`, and 0 where den underflowed (a `where`, not a floor: a floored den's gradient is 0/0)."""
+    """num `[..., d_v]` / den `[...]`, and 0 where den underflowed.
+
+    A `where`, not a floor: a floored den's gradient is 0/0.
+    """
     ok = den > _TINY
     return num / jnp.where(ok, den, 1.0)[..., None] * ok[..., None]
 

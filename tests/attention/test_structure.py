@@ -1,48 +1,53 @@
-"""The shape of attention/: the two layer faces stay thin adapters and no function grows long.
+"""The shape of attention/: each layer face projects, calls the core once, projects out.
 
-The limits are the ones the package is held to (docs/attention.md, "The two faces"): a face maps
-Flax's conventions onto `attention.multihead` and holds no attention logic of its own, so a
-face past 200 lines or a function past 60 is a sign that logic is gathering in the wrong place.
+`bench.face_trace` follows one eager call of each face through the project's files; a face that
+calls out of its own file more than a few times (a check, the core, the cache) is gathering logic
+that belongs in `attention.multihead` (docs/attention.md, "The two faces"). Function size is held
+by ruff's complexity rules (C901, PLR0915), not here.
 """
 
-import ast
-import pathlib
+import sys
+import types
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "attention"
-FACES = ("layer.py", "nnx.py")
-MAX_FACE_LINES = 200
-MAX_FUNCTION_LINES = 60
+from bench import face_trace
+
+MAX_CALLS_OUT = 5
 
 
-def function_lengths(path: pathlib.Path) -> dict[str, int]:
-    """`{"file:line name": lines}` for every function and method in `path` (decorators not counted)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    return {
-        f"{path.name}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
+@pytest.mark.parametrize(
+    "make, face", [(face_trace.linen_run, "attention/layer.py"), (face_trace.nnx_run, "attention/nnx.py")]
+)
+def test_a_face_calls_out_of_its_file_at_most_5_times(make, face):
+    result = face_trace.trace(make(), face)
+    assert result["hops"] > 0 and "attention/core.py" in result["files"]  # the trace saw the call reach the core
+    assert result["calls_out"] <= MAX_CALLS_OUT, f"{face} calls out {result['calls_out']} times: {result['by_callee']}"
 
 
-@pytest.mark.parametrize("face", FACES)
-def test_each_face_is_at_most_200_lines(face):
-    lines = len((PACKAGE / face).read_text().splitlines())
-    assert lines <= MAX_FACE_LINES, f"attention/{face} has {lines} lines; a face is at most {MAX_FACE_LINES}"
+def _module(tmp_path, name, source):
+    """A module named `name` from `source`, its file under tmp_path (what `face_trace.project_file` is told is
+    the project)."""
+    path = tmp_path / "attention" / f"{name}.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(source)
+    module = types.ModuleType(f"_structure_{name}")
+    module.__file__ = str(path)
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    sys.modules[module.__name__] = module
+    return module
 
 
-def test_no_function_in_attention_is_over_60_lines():
-    lengths = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        lengths.update({f"{path.parent.relative_to(PACKAGE.parent)}/{k}": n for k, n in function_lengths(path).items()})
-    assert len(lengths) > 100  # the walk found the package's functions, not an empty folder
-    long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES}
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
-
-
-def test_function_lengths_counts_a_known_function(tmp_path):
-    """The measure itself: `outer` spans 4 lines, the nested `inner` 2, each counted on its own."""
-    path = tmp_path / "m.py"
-    path.write_text("def outer():\n    def inner():\n        return 1\n    return inner\n")
-    assert function_lengths(path) == {"m.py:1 outer": 4, "m.py:2 inner": 2}
+def test_the_trace_counts_calls_out_and_hops_of_a_known_example(tmp_path, monkeypatch):
+    """face calls other.f twice and other.g once (g calls face.h back and other.k within its file):
+    3 calls out of the face; hops face->other 3 and other->face 1; the call within a file is none."""
+    monkeypatch.setattr(face_trace, "ROOT", tmp_path)
+    other = _module(
+        tmp_path, "other", "def k():\n    return 1\ndef f():\n    return 1\ndef g(cb):\n    return cb() + k()\n"
+    )
+    face = _module(tmp_path, "face", "def h():\n    return 2\ndef run(o):\n    return o.f() + o.f() + o.g(h)\n")
+    result = face_trace.trace(lambda: face.run(other), "attention/face.py")
+    assert result["calls_out"] == 3
+    assert result["by_callee"] == {"attention/other.py:f": 2, "attention/other.py:g": 1}
+    assert result["hops"] == 4
+    assert result["files"] == ["attention/face.py", "attention/other.py"]
