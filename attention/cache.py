@@ -4,7 +4,7 @@ A `KVCache` holds the keys `[batch..., G, max_length, d_k]` and values `[batch..
 d_v]`, heads first: the layout attention computes in (`attention.grouped`), in which a decode step
 reads each KV head's cache contiguously; `Read` hands them to attention in Flax's
 `[batch..., max_length, G, D]`, a transpose attention's grouping undoes (XLA folds the pair). Flax's
-own layout made a float32 Linen decode step 5-11x slower (MHA), 2-7x (GQA) on XLA:CPU (docs/attention.md).
+own layout made decode steps several times slower on XLA:CPU (results/code_choices.md).
 It also holds the write `index`, and, under beam search, the `beam_rows` table (`attention.beams`). The index
 holds the next free position: one for the whole batch (`[]`, the Linen layer's, as Flax's) or one
 per sequence (`[batch...]`, the NNX layer's), so a batch of prompts of different lengths decodes
