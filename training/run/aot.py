@@ -52,6 +52,7 @@ from training.data.batching import PACKING_FIELDS, Batch, eval_lengths
 from training.evaluation import dev as dev_lib
 from training.evaluation import translate
 from training.parallel import sharding, trainers
+from training.run.kernels import DTYPE_BYTES
 
 GIB = 2**30
 LIBTPU_ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
@@ -447,21 +448,6 @@ def refusal(program: str, report: dict) -> str | None:
 # --- the compiled HLO's text -----------------------------------------------------------------------------
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "bf16": 2,
-    "f16": 2,
-    "s16": 2,
-    "u16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "f64": 8,
-    "s64": 8,
-    "u64": 8,
-}
 # `%name = <result type> op(`; async pairs count once, at their -start (whose result tuple also holds the operand)
 _OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
