@@ -97,6 +97,19 @@ STUBBABLE = ("tensorflow", "clu", "clu.metric_writers", "clu.periodic_actions", 
 STUB_ENV = "FLAX_WMT_STUB_DATA"
 
 
+def add_peer_arguments(parser) -> None:
+    """The Flax examples/wmt comparisons' shared options: --peer_python and --wmt_dir (`flax_wmt_dir`)."""
+    parser.add_argument(
+        "--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)"
+    )
+    parser.add_argument(
+        "--wmt_dir",
+        default="",
+        help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
+        "else extracted from the google/flax git dir $FLAX_GIT_DIR)",
+    )
+
+
 def flax_wmt_dir(wmt_dir: str = "") -> str:
     """Flax's examples/wmt: `wmt_dir`, else $FLAX_WMT_DIR, else extracted from the google/flax git dir
     $FLAX_GIT_DIR (a bare repository or a clone's .git, as tests/attention/test_flax_dropin.py takes it)

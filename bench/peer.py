@@ -33,12 +33,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from collections import defaultdict
 
 import jax
 
 from bench.lib import (
+    add_peer_arguments,
     PEER_LENGTH,
     SIZES,
     VOCAB,
@@ -64,15 +64,7 @@ def peer_flops(ours: Ours, rows: int) -> float:
 def _parse_args() -> argparse.Namespace:
     """The command line, with --wmt_dir resolved (`flax_wmt_dir`); exits where no snapshot is found."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)"
-    )
-    parser.add_argument(
-        "--wmt_dir",
-        default="",
-        help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
-        "else extracted from the google/flax git dir $FLAX_GIT_DIR)",
-    )
+    add_peer_arguments(parser)
     parser.add_argument(
         "--peer_rows", type=int, default=0, help="the peer's rows of 64 a step (0: its size's, 20 small, 32 base)"
     )

@@ -20,13 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # read when JAX is imported: the host compiles, no GPU backend is tried
 
-from bench.lib import PEER_LENGTH, flax_wmt_dir, our_config, parse_variant, releases, run_json_script
+from bench.lib import (
+    PEER_LENGTH,
+    add_peer_arguments,
+    flax_wmt_dir,
+    our_config,
+    parse_variant,
+    releases,
+    run_json_script,
+)
 from training.run import aot, kernels
 
 KINDS = ("matmul", "reduction", "elementwise", "copy/transpose", "custom call", "collective")
@@ -98,8 +105,7 @@ def kind_table(ours_profile: dict, peer_profile: dict) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--wmt_dir", default="")
-    parser.add_argument("--peer_python", default=sys.executable)
+    add_peer_arguments(parser)
     parser.add_argument("--size", default="base", choices=("small", "base"))
     parser.add_argument("--rows", type=int, default=512, help="rows of 64 tokens a step (both sides)")
     parser.add_argument("--dtype", default="bfloat16")

@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 
 import jax
 import numpy as np
 
-from bench.lib import OursDecode, corpus_vocab, cpu_description, flax_wmt_dir, run_json_script
+from bench.lib import OursDecode, add_peer_arguments, corpus_vocab, cpu_description, flax_wmt_dir, run_json_script
 from configs import default
 from training.data.corpus import load_corpus
 
@@ -54,15 +53,7 @@ def run_peer_decode(args) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--peer_python", default=sys.executable, help="an interpreter with the peer's packages (default: this one)"
-    )
-    parser.add_argument(
-        "--wmt_dir",
-        default="",
-        help="a snapshot of Flax's examples/wmt (default: $FLAX_WMT_DIR, "
-        "else extracted from the google/flax git dir $FLAX_GIT_DIR)",
-    )
+    add_peer_arguments(parser)
     parser.add_argument(
         "--dtypes", nargs="*", default=["float32", "bfloat16"], help="ours (the peer runs float32, as on CPU)"
     )
