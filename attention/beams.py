@@ -49,10 +49,10 @@ def check_rows(beam_rows: jax.Array, batch: tuple, max_length: int) -> None:
 
 
 def gather_history(x: jax.Array, beam_rows: jax.Array) -> jax.Array:
-    """x `[B*K, L, G, D]` (a cache, caller's layout), beam_rows `[B, K, L]` -> each beam's own `[B*K, L, G, D]`."""
+    """x `[B*K, G, L, D]` (a cache, heads first), beam_rows `[B, K, L]` -> each beam's own `[B*K, G, L, D]`."""
     B, K, L = beam_rows.shape
     by_source = x.reshape(B, K, *x.shape[1:])
-    return jnp.take_along_axis(by_source, beam_rows[:, :, :, None, None], axis=1).reshape(x.shape)
+    return jnp.take_along_axis(by_source, beam_rows[:, :, None, :, None], axis=1).reshape(x.shape)
 
 
 def history_attention(
@@ -68,8 +68,8 @@ def history_attention(
 ) -> jax.Array:
     """Each beam's queries attend its own history in the shared cache.
 
-    query `[B*K, Lq, H, Dk]`; key `[B*K, L, G, Dk]`, value `[B*K, L, G, Dv]` (the cache, caller's
-    layout); beam_rows `[B, K, L]` int; mask broadcastable to `[B*K, H, Lq, L]` bool (the cache
+    query `[B*K, Lq, H, Dk]`; key `[B*K, G, L, Dk]`, value `[B*K, G, L, Dv]` (the cache, heads
+    first); beam_rows `[B, K, L]` int; mask broadcastable to `[B*K, H, Lq, L]` bool (the cache
     positions filled so far, and the caller's mask); bias, if given, broadcastable to the same
     shape, float, added to the logits (a position's offset, as span's log soft mask: it depends
     on the position in the hypothesis, which is the same in every row). The query block is broadcast
@@ -77,7 +77,7 @@ def history_attention(
     """
     B, K, L = beam_rows.shape
     _, Lq, H, Dk = query.shape
-    G, Dv = key.shape[-2], value.shape[-1]
+    G, Dv = key.shape[-3], value.shape[-1]
     R = H // G
     dtype = dtype or jnp.result_type(query, key, value)
     query, key, value = (x.astype(dtype) for x in (query, key, value))
@@ -87,7 +87,7 @@ def history_attention(
     queries = resolve(formulation).broadcast_queries(
         queries.transpose(0, 3, 1, 2, 4, 5).reshape(B, 1, G, K * Lq * R, Dk), (B, K, G, K * Lq * R, Dk)
     )
-    keys, values = (jnp.swapaxes(x, 1, 2).reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
+    keys, values = (x.reshape(B, K, G, L, x.shape[-1]) for x in (key, value))
     logits = jnp.einsum(
         "bjgmd,bjgpd->bjgmp", queries, keys, precision=precision, preferred_element_type=logits_dtype(dtype)
     )

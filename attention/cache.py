@@ -1,10 +1,12 @@
 """The decode cache: `KVCache`, the one typed state both faces decode through.
 
 A `KVCache` holds the keys `[batch..., G, max_length, d_k]` and values `[batch..., G, max_length,
-d_v]`, heads first: the layout attention computes in (`attention.grouped`), in which a decode step
-reads each KV head's cache contiguously; `Read` hands them to attention in Flax's
-`[batch..., max_length, G, D]`, a transpose attention's grouping undoes (XLA folds the pair). Flax's
-own layout made decode steps several times slower on XLA:CPU (results/code_choices.md).
+d_v]`, heads first (`LAYOUT`, "BNTH"): the layout attention computes in (`attention.grouped`), in
+which a decode step reads each KV head's cache contiguously. The layout is chosen here and the
+transpose done here, once, as new keys/values `[batch..., L_new, G, D]` (Flax's, "BTNH") are written;
+`Read` hands the cache to attention as it is stored, and the faces call `attention.attend` with
+`kv_layout=LAYOUT`. Flax's own layout made decode steps several times slower on XLA:CPU
+(results/code_choices.md).
 It also holds the write `index`, and, under beam search, the `beam_rows` table (`attention.beams`). The index
 holds the next free position: one for the whole batch (`[]`, the Linen layer's, as Flax's) or one
 per sequence (`[batch...]`, the NNX layer's), so a batch of prompts of different lengths decodes
@@ -34,11 +36,13 @@ from jax import lax
 
 from attention import beams
 from attention.formulation import Formulation, resolve
+from attention.grouped import relayout
 from attention.masks import and_masks, as_bool_mask, causal_from
 
 # the Flax variables a KVCache is stored in, by field (Flax's names; the table is beam search's)
 _NAMES = {"key": "cached_key", "value": "cached_value", "index": "cache_index", "beam_rows": "beam_rows"}
 VARIABLES = tuple(_NAMES[name] for name in ("key", "value", "index"))  # what a layer without beam search stores
+LAYOUT = "BNTH"  # keys/values `[batch..., G, max_length, D]` (`attention.grouped.KV_LAYOUTS`)
 
 
 @struct.dataclass
@@ -51,8 +55,8 @@ class _ReadTable:
 class Read(NamedTuple):
     """What attention reads after a decode step."""
 
-    key: jax.Array  # [batch..., max_length, G, d_k]: the cache in the caller's layout (each beam's own history,
-    value: jax.Array  # [batch..., max_length, G, d_v]   unless read in place)
+    key: jax.Array  # [batch..., G, max_length, d_k]: the cache, in its `LAYOUT` (each beam's own history,
+    value: jax.Array  # [batch..., G, max_length, d_v]   unless read in place)
     mask: jax.Array  # bool, broadcastable to [batch..., H, L_new, max_length]: the caller's mask and causality
     offset: jax.Array  # the first new query's absolute position (the index before the write), [] or [batch...]
     beam_rows: jax.Array | None  # [sources, beams, max_length] when key/value are to be read in place, else None
@@ -197,8 +201,7 @@ class KVCache:
         written = resolve(formulation).write_cache(self, key, value)
         mask = and_masks(causal_mask(self.index, new_length, max_length), mask)
         new = dataclasses.replace(written, index=self.index + advance, reads_beam_rows=self.beam_rows is not None)
-        to_caller = lambda x: jnp.swapaxes(x, -3, -2)  # attend's grouping undoes it: XLA folds the pair
-        read = Read(to_caller(new.key), to_caller(new.value), mask, self.index, None)
+        read = Read(new.key, new.value, mask, self.index, None)
         if self.beam_rows is None:
             return new, read
         beams.check_rows(self.beam_rows, batch, max_length)
@@ -244,7 +247,7 @@ def _write_shared(cache, new, index):
     cache); where that is not the index (the block would overhang an end), the new entries shift
     by the difference and the slots no new position reaches keep their old entries.
     """
-    new = jnp.swapaxes(new, -3, -2)  # [batch..., G, L_new, D], the cache's layout
+    new = relayout(new, "BTNH", LAYOUT)  # [batch..., G, L_new, D]
     L, L_new = cache.shape[-2], new.shape[-2]
     start = jnp.clip(index, 0, L - L_new)
     shift = index - start  # 0 unless the block overhangs an end

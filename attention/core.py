@@ -2,8 +2,9 @@
 
 The math is `attention.head.attention_head`, softmax(q kᵀ / √d_k) v for one head. `attend`
 checks its arguments once, puts q/k/v and the masks into the internal grouped layout
-(`attention.grouped`: K/V `[B, G, Lk, D]`, as the decode cache stores them) and calls the
-implementation named by `impl` from `attention.impl.IMPLEMENTATIONS`:
+(`attention.grouped`; K/V from the caller's `kv_layout` into the one the implementation takes, the
+only K/V transpose on the way) and calls the implementation named by `impl` from
+`attention.impl.IMPLEMENTATIONS`:
 
 * `"vmap"`   -- `attention_head` `jax.vmap`-ed over query heads, KV groups and batch.
 * `"einsum"` -- the same algebra as one batched einsum pair.
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from attention.formulation import Formulation, is_nvidia_gpu, resolve
-from attention.grouped import Options, group_heads, to_grouped
+from attention.grouped import Options, group_heads, kv_axes, to_grouped
 from attention.impl import IMPLEMENTATIONS
 from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from attention.masks import as_bool_mask, check_float_like, normalize_window
@@ -63,12 +64,14 @@ def attend(
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
     formulation: Formulation | None = None,
+    kv_layout: str = "BTNH",
 ) -> tuple[jax.Array, jax.Array | None]:
     """Multi-head, grouped-query or multi-query attention, and its weights.
 
     Args:
       query, key, value: `[batch..., Lq, H, Dk]`, `[batch..., Lk, G, Dk]`, `[batch..., Lk, G, Dv]`
-        with `H % G == 0` (G == H: MHA, 1 < G < H: GQA, G == 1: MQA).
+        with `H % G == 0` (G == H: MHA, 1 < G < H: GQA, G == 1: MQA); key and value
+        `[batch..., G, Lk, D]` with `kv_layout="BNTH"`.
       mask: broadcastable to `[batch..., H, Lq, Lk]`; bool (True = attend) or, as in Flax,
         numeric with non-zero = attend (`attention.masks`). Additive masks go in `bias`.
       bias: float, broadcastable to `[batch..., H, Lq, Lk]`; added to the logits.
@@ -79,6 +82,8 @@ def attend(
       dtype, precision: computation dtype (default: promoted from the inputs); the matmuls' `lax.Precision`.
       impl, block_q, block_k: one of `IMPLS`; blockwise's query / key block lengths (clipped to Lq / Lk).
       formulation: how vmap spells a head's products (`attention.formulation`; None: plain).
+      kv_layout: "BTNH" (Flax's, the default) or "BNTH" (heads first, as `attention.cache` stores
+        them: a decode step's cache is read without a transpose).
 
     Returns:
       (out `[batch..., Lq, H, Dv]` in `dtype`, weights `[batch..., H, Lq, Lk]` or None).
@@ -88,7 +93,7 @@ def attend(
     """
     query, key, value, dtype = _cast(query, key, value, dtype)
     impl = _check_impl(impl, dtype)
-    batch, (Lq, H, Dk), (Lk, G), Dv = _check_shapes(query, key, value)
+    batch, (Lq, H, Dk), (Lk, G), Dv = _check_shapes(query, key, value, kv_layout)
     logits_shape = (*batch, H, Lq, Lk)
     mask = as_bool_mask("mask", mask, logits_shape)
     bias = None if bias is None else jnp.asarray(bias)
@@ -117,8 +122,12 @@ def attend(
             skips_blocks=is_causal or options.window is not None,
             platform=options.formulation.platform,
         )
-    out, weights = IMPLEMENTATIONS[impl](
-        *to_grouped(query, key, value), group_heads(mask, batch, G), group_heads(bias, batch, G), options
+    implementation = IMPLEMENTATIONS[impl]
+    out, weights = implementation.attention(
+        *to_grouped(query, key, value, kv_layout, implementation.kv_layout),
+        group_heads(mask, batch, G),
+        group_heads(bias, batch, G),
+        options,
     )
     out = out.astype(dtype).reshape(*batch, Lq, H, Dv)
     return out, None if weights is None else weights.reshape(logits_shape)
@@ -175,7 +184,7 @@ def _cast(query, key, value, dtype):
     return (*(x.astype(dtype) for x in (query, key, value)), dtype)
 
 
-def _check_shapes(query, key, value):
+def _check_shapes(query, key, value, kv_layout):
     """-> (batch, (Lq, H, Dk), (Lk, G), Dv), or a ValueError naming the disagreement."""
     if not query.ndim == key.ndim == value.ndim >= 3:
         raise ValueError(
@@ -186,7 +195,7 @@ def _check_shapes(query, key, value):
     if key.shape[:-3] != batch or value.shape[:-3] != batch:
         raise ValueError(f"batch axes differ: query {query.shape}, key {key.shape}, value {value.shape}")
     Lq, H, Dk = query.shape[-3:]
-    Lk, G = key.shape[-3:-1]
+    Lk, G = (key.shape[axis] for axis in kv_axes(kv_layout))
     if value.shape[:-1] != key.shape[:-1]:
         raise ValueError(f"key {key.shape} and value {value.shape} must agree on all but the last axis")
     if key.shape[-1] != Dk:

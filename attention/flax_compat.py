@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from flax import nnx, traverse_util
 from flax.nnx.module import first_from
@@ -23,6 +24,7 @@ from attention import family
 from attention import multihead as mh
 from attention.checks import require
 from attention.geometry import HeadGeometry
+from attention.grouped import relayout
 from attention.masks import and_masks, structure_mask
 
 
@@ -57,16 +59,28 @@ def linen_call(layer, inputs_q, inputs_k, inputs_v, inputs_kv, deterministic, dr
     options = family.check_options(layer.attention_type, layer.attention_options)  # checks the name too
     if layer.attention_type == "softmax":  # a member refuses dropout itself
         deterministic, dropout_rng = linen_dropout(layer, deterministic, dropout_rng)
-    return mh.Call((inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng)
+    kv_layout = mh.CROSS_LAYOUT if layer.cache_cross_kv and not layer.fused_qkv else "BTNH"  # (`mh.cross_kv`)
+    return mh.Call((inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng, kv_layout)
 
 
 def nnx_call(layer, inputs_q, inputs_k, inputs_v, *, decode, lengths, input_positions, deterministic, rngs) -> mh.Call:
     """The NNX layer's call checked: Flax's input rules, the call's arguments, then (softmax) the dropout flags."""
     inputs_k, inputs_v = resolve_nnx_inputs(inputs_q, inputs_k, inputs_v)
     check_nnx_call(layer, inputs_q, decode, lengths, input_positions)
-    dropout = nnx_dropout(layer, deterministic, rngs) if layer.attention_type == "softmax" else (deterministic, None)
+    if layer.attention_type == "softmax":  # a member refuses dropout itself
+        deterministic, dropout_rng = nnx_dropout(layer, deterministic, rngs)
+    else:
+        dropout_rng = None
     inputs = (inputs_q, inputs_k, inputs_v)
-    return mh.Call(inputs, layer.geometry, layer.blocks, dict(layer.attention_options), *dropout)
+    kv_layout = mh.CROSS_LAYOUT if layer.cache_cross_kv and decode and not layer.fused_qkv else "BTNH"
+    return mh.Call(
+        inputs, layer.geometry, layer.blocks, dict(layer.attention_options), deterministic, dropout_rng, kv_layout
+    )
+
+
+def flax_layout(kv_layout: str, key: jax.Array, value: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """key and value from `kv_layout` to Flax's `[batch..., Lk, G, D]`, as a user's `attention_fn` takes them."""
+    return relayout(key, kv_layout, "BTNH"), relayout(value, kv_layout, "BTNH")
 
 
 def call_attention_fn(layer, query, key, value, mask, is_causal, deterministic, dropout_rng, sow_weights):

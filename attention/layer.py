@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from attention import family, flax_compat
 from attention import multihead as mh
+from attention.cache import LAYOUT as CACHE_LAYOUT
 from attention.cache import KVCache
 from attention.formulation import resolve
 
@@ -107,9 +108,11 @@ class MultiHeadAttention(nn.Module):
         query, key, value = self._project(*call.inputs, call.geometry)
         in_place = self.attention_fn is None and not sow_weights and call.deterministic
         read = self._use_cache(key, value, mask, in_place, lengths) if self.decode else None
+        kv_layout = call.kv_layout
         if read is not None:  # the cache mask is causal, at the right offset
-            key, value, mask, is_causal = read.key, read.value, read.mask, False
+            key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, CACHE_LAYOUT
         if self.attention_fn is not None:
+            key, value = flax_compat.flax_layout(kv_layout, key, value)
             x = flax_compat.call_attention_fn(
                 self, query, key, value, mask, is_causal, call.deterministic, call.dropout_rng, sow_weights
             )
@@ -132,6 +135,7 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype,
             precision=self.precision,
             formulation=self.formulation,
+            kv_layout=kv_layout,
         )
         return self._output(x, inputs_q)
 
@@ -192,6 +196,7 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             decode=self.decode,
             head_mask=head_mask,
+            kv_layout=call.kv_layout,
         )
 
     def _project(self, inputs_q, inputs_k, inputs_v, geometry, shared_qk=False):

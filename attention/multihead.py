@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 from attention import beams, family
 from attention.checks import is_positive_int, require
 from attention.core import IMPLS, attend
 from attention.geometry import HeadGeometry
-from attention.grouped import flatten_batch
+from attention.cache import LAYOUT
+from attention.grouped import flatten_batch, relayout
 from attention.masks import as_bool_mask, head_multiplier
 
 
@@ -36,6 +36,7 @@ class Call(NamedTuple):
     options: dict  # the family member's options (`attention_options`, checked)
     deterministic: Any  # bool, or None where no dropout is drawn
     dropout_rng: jax.Array | None
+    kv_layout: str  # the projected keys/values' layout: a source kept by `cross_kv`'s, else Flax's "BTNH"
 
 
 def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: bool, dropout_rate: float) -> dict:
@@ -82,6 +83,7 @@ def exact_heads(
 ) -> jax.Array:
     """Softmax attention (`attention.attend`), q `[batch..., Lq, H, d_k]` -> `[batch..., Lq, H, d_v]`.
 
+    k and v in `options["kv_layout"]` (`attend`'s; a decode cache's `attention.cache.LAYOUT`).
     Each head's output is scaled by `head_mask` (`gate_heads`), if given. `sow(weights)`, when given,
     receives the weights `[batch..., H, Lq, Lk]`: "auto" then runs "vmap", and an `impl` that exposes
     none is a ValueError. With `beam_rows` (a decode step's `attention.cache.Read`, `beams_in_place`)
@@ -116,21 +118,21 @@ def _exact(query, key, value, sow, impl, beam_rows, options):
 
 
 CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
+CROSS_LAYOUT = LAYOUT  # their layout, the decode cache's
 
 
 def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None) -> tuple:
-    """A cross-attention's (key, value) `[batch..., Ls, G, D]`: `stored`, else `project_kv()`'s, `store(name, x)`-ed.
+    """A cross-attention's (key, value) `[batch..., G, Ls, D]` (`CROSS_LAYOUT`): `stored`, else `project_kv()`'s.
 
-    Stored head-first, `[batch..., G, Ls, D]`, the layout the attention reads: the transpose back
-    to the caller's layout and the attention's own cancel, so no step transposes the source again.
+    The projections (`[batch..., Ls, G, D]`) are put in the cache's layout here, once, and
+    `store(name, x)`-ed so: later steps read the source as attention computes in, untransposed.
     """
-    swap = lambda x: jnp.swapaxes(x, -3, -2)
     if stored is not None:
-        return tuple(map(swap, stored))
-    key, value = project_kv()
+        return stored
+    key, value = (relayout(x, "BTNH", CROSS_LAYOUT) for x in project_kv())
     if store is not None:
         for name, x in zip(CROSS_KV, (key, value)):
-            store(name, swap(x))
+            store(name, x)
     return key, value
 
 
@@ -150,8 +152,8 @@ def member_heads(
     decoding with its own state checks its own); `call(*inputs, mask=, **kwargs) -> [B, Lq, H, d_v]`.
     """
     n = len(batch)
-    if bool_mask:
-        Lq, Lk = inputs[0].shape[n], inputs[1].shape[n]
+    if bool_mask:  # inputs[1]: keys `[batch..., Lk, ...]`, or `[batch..., G, Lk, d_k]` with kv_layout "BNTH"
+        Lq, Lk = inputs[0].shape[n], inputs[1].shape[n + (kwargs.get("kv_layout") == "BNTH")]
         mask = flatten_batch(as_bool_mask("mask", mask, (*batch, num_heads, Lq, Lk)), batch)
     x = call(*(x.reshape(-1, *x.shape[n:]) for x in inputs), mask=mask, **kwargs)
     return x.reshape(*batch, *x.shape[1:])
@@ -214,13 +216,15 @@ def family_heads(
     causal: bool,
     decode: bool,
     head_mask: jax.Array | None = None,
+    kv_layout: str = "BTNH",
     **member_kwargs,
 ) -> jax.Array:
     """Heads `[batch..., Lq, H, d_v]` from a family member (`spec`, `check_member_call`), gated by `head_mask`.
 
-    `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v); `use_cache(k, v, mask,
-    beams_in_place)` -> `attention.cache.Read` (None at the Linen layer's init), for members decoding
-    over the layer's KV cache.
+    `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v), k and v in `kv_layout` (a stored
+    cross source's `CROSS_LAYOUT`, else Flax's); `use_cache(k, v, mask, beams_in_place)` ->
+    `attention.cache.Read` (None at the Linen layer's init), for members decoding over the layer's KV
+    cache. Those members take `kv_layout` and read K/V as they come; the others take Flax's layout.
     """
     batch = inputs[0].shape[:-2]
     run = lambda member_inputs, mask, **extra: member_heads(
@@ -229,14 +233,16 @@ def family_heads(
     if spec.projects:
         return gate_heads(run(inputs[:2], mask, bool_mask=not decode), head_mask, num_heads)
     query, key, value = project(*inputs, shared_qk=spec.shared_qk)
-    extra = {}
-    if decode and spec.decode == "kv_cache":
-        read = use_cache(key, value, mask, spec.beams_in_place)
-        if read is not None:  # None: the Linen layer's init, which only sizes the cache
-            key, value, mask = read.key, read.value, read.mask
-            extra["query_offset"] = read.offset.reshape(-1) if read.offset.ndim else read.offset
-            if read.beam_rows is not None:
-                extra["beam_rows"] = read.beam_rows
+    if spec.decode != "kv_cache":
+        key, value = (relayout(x, kv_layout, "BTNH") for x in (key, value))
+        return gate_heads(run((query, key, value), mask), head_mask, num_heads)
+    extra: dict[str, Any] = {"kv_layout": kv_layout}
+    read = use_cache(key, value, mask, spec.beams_in_place) if decode else None
+    if read is not None:  # None: no decode, or the Linen layer's init, which only sizes the cache
+        key, value, mask, extra["kv_layout"] = read.key, read.value, read.mask, LAYOUT
+        extra["query_offset"] = read.offset.reshape(-1) if read.offset.ndim else read.offset
+        if read.beam_rows is not None:
+            extra["beam_rows"] = read.beam_rows
     return gate_heads(run((query, key, value), mask, **extra), head_mask, num_heads)
 
 

@@ -20,6 +20,7 @@ from flax.nnx.nn.linear import default_kernel_init
 
 from attention import family, flax_compat
 from attention import multihead as mh
+from attention.cache import LAYOUT as CACHE_LAYOUT
 from attention.cache import VARIABLES
 from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
@@ -266,12 +267,13 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         cross, decode = decode and self.cache_cross_kv, decode and not self.cache_cross_kv  # cross: the stored source
         project = functools.partial(self._project, sharding=qkv_sharding, cross=cross)
         if self.attention_type != "softmax":
-            x = self._family_attention(call.inputs, mask, is_causal, decode, lengths, sow_weights, project, head_mask)
+            x = self._family_attention(call, mask, is_causal, decode, lengths, sow_weights, project, head_mask)
             return self.out(x, out_sharding=out_sharding)
         query, key, value = project(*call.inputs)
+        kv_layout = call.kv_layout
         if decode:  # the cache mask is causal, at each sequence's offset
             read = self._use_cache(key, value, mask, lengths)
-            key, value, mask, is_causal = read.key, read.value, read.mask, False
+            key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, CACHE_LAYOUT
         options = dict(
             mask=mask,
             dropout_rate=self.dropout_rate,
@@ -283,6 +285,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         )
         if self.attention_fn is not None:
             extra = {} if input_positions is None else {"input_positions": input_positions}
+            key, value = flax_compat.flax_layout(kv_layout, key, value)
             x = self.attention_fn(
                 query, key, value, **options, module=self if sow_weights else None, is_causal=is_causal, **extra
             )
@@ -299,12 +302,13 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             head_mask=head_mask,
             is_causal=is_causal,
             formulation=self.formulation,
+            kv_layout=kv_layout,
         )
         return self.out(x, out_sharding=out_sharding)
 
-    def _family_attention(self, inputs, mask, is_causal, decode, lengths, sow_weights, project, head_mask):
+    def _family_attention(self, call, mask, is_causal, decode, lengths, sow_weights, project, head_mask):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        (inputs_q, inputs_k, inputs_v), name, causal = inputs, self.attention_type, is_causal or decode
+        (inputs_q, inputs_k, inputs_v), name, causal = call.inputs, self.attention_type, is_causal or decode
         spec = mh.check_member_call(
             type(self).__name__,
             self,
@@ -324,12 +328,13 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             member,
             project,
             use_cache,
-            inputs,
+            call.inputs,
             mask,
             num_heads=self.num_heads,
             causal=causal,
             decode=decode,
             head_mask=head_mask,
+            kv_layout=call.kv_layout,
             mutable=["cache"] if own_state else False,
         )  # ToNNX keeps the new state
 

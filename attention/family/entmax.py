@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from attention.family.member import LayerFilled, grouped_queries
+from attention.grouped import kv_axes
 from attention.masks import causal_from
 
 _ALPHA_MIN = 1.0 + 1e-3  # α is clipped here: at α = 1 the closed form divides by α − 1
@@ -97,23 +98,27 @@ class Entmax(LayerFilled):
     iterations: int = 30  # bisection steps for τ
 
     @nn.compact
-    def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0):
-        """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`."""
+    def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0, kv_layout="BTNH"):
+        """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`.
+
+        kv_layout "BNTH": key/value `[B, G, Lk, d]`, as the decode cache holds them (`attention.attend`'s).
+        """
         if not 1.0 < self.alpha_init < 2.0:
             raise ValueError(f"entmax alpha_init = {self.alpha_init!r}; expected a float in (1, 2)")
-        (B, Lq, H, d_k), (Lk, G) = query.shape, key.shape[1:3]
+        (B, Lq, H, d_k), (Lk, G) = query.shape, (key.shape[axis] for axis in kv_axes(kv_layout))
+        kv = "bkgd" if kv_layout == "BTNH" else "bgkd"  # key/value's axes
         logit = math.log((self.alpha_init - 1.0) / (2.0 - self.alpha_init))
         a = self.param("alpha_logit", nn.initializers.constant(logit), (H,), self.param_dtype)
         alpha = (1.0 + jax.nn.sigmoid(a.astype(jnp.float32))).reshape(1, G, H // G, 1, 1)
         q = grouped_queries(query, G) * jnp.asarray(1 / math.sqrt(d_k), query.dtype)
-        z = jnp.einsum("bqgrd,bkgd->bgrqk", q, key, precision=self.precision, preferred_element_type=jnp.float32)
+        z = jnp.einsum(f"bqgrd,{kv}->bgrqk", q, key, precision=self.precision, preferred_element_type=jnp.float32)
         allowed = _allowed(mask, is_causal, query_offset, G, Lq, Lk)
         if allowed is not None:
             z = jnp.where(allowed, z, -jnp.inf)
             z = jnp.where(allowed.any(axis=-1, keepdims=True), z, 0.0)  # no key left: uniform (mean of V)
         p = entmax(z, alpha, self.iterations)
         out = jnp.einsum(
-            "bgrqk,bkgd->bqgrd",
+            f"bgrqk,{kv}->bqgrd",
             p.astype(value.dtype),
             value,
             precision=self.precision,

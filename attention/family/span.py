@@ -26,6 +26,7 @@ from attention.beams import history_attention
 from attention.checks import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled
+from attention.grouped import kv_axes
 
 
 def soft_mask(distance: jax.Array, span: jax.Array, ramp: float) -> jax.Array:
@@ -43,17 +44,20 @@ class Span(LayerFilled):
     impl: str = "vmap"
 
     @nn.compact
-    def __call__(self, query, key, value, *, mask=None, is_causal=False, query_offset=0, beam_rows=None):
+    def __call__(
+        self, query, key, value, *, mask=None, is_causal=False, query_offset=0, beam_rows=None, kv_layout="BTNH"
+    ):
         """query `[B, Lq, H, d_k]`, key/value `[B, Lk, G, d]`, mask `[B|1, H|1, Lq|1, Lk|1]` -> `[B, Lq, H, d_v]`.
 
-        beam_rows `[sources, K, Lk]`: under beam search, the cache read in place (`attention.beams`).
+        kv_layout "BNTH": key/value `[B, G, Lk, d]`, as the decode cache holds them (`attention.attend`'s).
+        beam_rows `[sources, K, Lk]`: under beam search, the cache read in place (`attention.beams`; "BNTH").
         """
         require_positive_ints("span ", max_span=self.max_span, ramp=self.ramp)
         if not 0.0 <= self.span_init <= 1.0:
             raise ValueError(f"span span_init = {self.span_init!r}; expected a fraction in [0, 1]")
         if not (isinstance(self.l1_penalty, (int, float)) and self.l1_penalty >= 0):
             raise ValueError(f"span l1_penalty = {self.l1_penalty!r}; expected a float >= 0")
-        (_, Lq, H, _), Lk = query.shape, key.shape[1]
+        (_, Lq, H, _), Lk = query.shape, key.shape[kv_axes(kv_layout)[0]]
         fraction = self.param("span", nn.initializers.constant(self.span_init), (H,), self.param_dtype)
         z = self.max_span * jnp.clip(fraction.astype(jnp.float32), 0.0, 1.0).reshape(1, H, 1, 1)
         if self.l1_penalty > 0:
@@ -91,5 +95,6 @@ class Span(LayerFilled):
             dtype=self.dtype,
             precision=self.precision,
             formulation=self.formulation,
+            kv_layout=kv_layout,
         )
         return out

@@ -1,20 +1,27 @@
 """The attention implementations: one file each, one signature (`attention.grouped`), one table.
 
-`IMPLEMENTATIONS` is the only place that knows the choices; `attention.IMPLS` (plus "auto")
-and the validation of `impl` derive from it.
+`IMPLEMENTATIONS` is the only place that knows the choices and the K/V layout each computes in;
+`attention.IMPLS` (plus "auto") and the validation of `impl` derive from it.
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 
 from attention.impl import blockwise, einsum, jax_nn, vmap
 
-# (q, k, v, mask, bias, options) -> (out, weights or None), as `attention.grouped` calls them
-IMPLEMENTATIONS: dict[str, Callable[..., tuple[jax.Array, jax.Array | None]]] = {
-    "vmap": vmap.attention,
-    "einsum": einsum.attention,
-    "xla": jax_nn.xla,
-    "cudnn": jax_nn.cudnn,
-    "blockwise": blockwise.attention,
+
+class Implementation(NamedTuple):
+    # (q, k, v, mask, bias, options) -> (out, weights or None), as `attention.grouped` describes them
+    attention: Callable[..., tuple[jax.Array, jax.Array | None]]
+    kv_layout: str  # the layout it takes k and v in (`attention.grouped.KV_LAYOUTS`)
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    "vmap": Implementation(vmap.attention, "BNTH"),
+    "einsum": Implementation(einsum.attention, "BNTH"),
+    "xla": Implementation(jax_nn.xla, "BTNH"),  # jax.nn.dot_product_attention's layout
+    "cudnn": Implementation(jax_nn.cudnn, "BTNH"),
+    "blockwise": Implementation(blockwise.attention, "BNTH"),
 }

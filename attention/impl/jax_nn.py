@@ -1,7 +1,8 @@
 """`impl="xla"` / `"cudnn"`: `jax.nn.dot_product_attention` with that implementation.
 
 It has no attention dropout, no precision argument (scoped through the default matmul
-precision instead) and needs d_v == d_k; it takes K/V `[B, Lk, G, D]` and GQA natively.
+precision instead) and needs d_v == d_k; it takes K/V `[B, Lk, G, D]` ("BTNH", as its table entry says:
+`attention.grouped.to_grouped` puts them in it) and GQA natively.
 
 cuDNN's flash attention refuses more than XLA does; `check_cudnn` names each refusal
 (field, value, what is expected) before cuDNN's own, unnamed errors. The limits are those
@@ -24,7 +25,7 @@ CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def attention(q, k, v, mask, bias, options, *, implementation):
-    """The `attention.grouped` signature; weights are not exposed (None)."""
+    """The `attention.grouped` signature, k and v "BTNH" `[B, Lk, G, D]`; weights are not exposed (None)."""
     platform = options.formulation.platform  # the program's target, where the caller named it
     if implementation == "cudnn" and not is_nvidia_gpu(platform):
         where = (
@@ -42,7 +43,7 @@ def attention(q, k, v, mask, bias, options, *, implementation):
             f"got {k.shape[-1]} and {v.shape[-1]}; use impl='vmap', 'einsum' or 'blockwise'"
         )
     B, Lq, G, R, d_k = q.shape
-    Lk = k.shape[2]
+    Lk = k.shape[1]
     if implementation == "cudnn":
         check_cudnn(q, k, v, options, max_head_dim=cudnn_max_head_dim(platform))
         # cuDNN adds masks and biases as one [B|1, H|1, Lq, Lk] bias: its query and key axes
@@ -55,8 +56,8 @@ def attention(q, k, v, mask, bias, options, *, implementation):
     with _matmul_precision(options.precision):
         out = jax.nn.dot_product_attention(
             q.reshape(B, Lq, G * R, d_k),
-            jnp.swapaxes(k, 1, 2),
-            jnp.swapaxes(v, 1, 2),
+            k,
+            v,
             bias=heads_flat(bias),
             mask=heads_flat(mask),
             is_causal=options.is_causal,

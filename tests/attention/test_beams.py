@@ -44,10 +44,11 @@ def test_history_attention_matches_numpy_over_gathered_histories(H, G, Lq, with_
     mask[1, 0, -1, 2] = False  # a caller's mask entry, honoured too
     # a bias per head, query and position (as span's log soft mask), shared by the rows: [1, H, Lq, L]
     bias = RNG.normal(size=(1, H, Lq, L)).astype(np.float32) if with_bias else None
+    heads_first = lambda x: jnp.asarray(x.transpose(0, 2, 1, 3))  # the cache's layout, as attention reads it
     out = beams.history_attention(
         jnp.asarray(query),
-        jnp.asarray(key),
-        jnp.asarray(value),
+        heads_first(key),
+        heads_first(value),
         jnp.asarray(beam_rows),
         jnp.asarray(mask),
         bias=None if bias is None else jnp.asarray(bias),
@@ -59,13 +60,13 @@ def test_history_attention_matches_numpy_over_gathered_histories(H, G, Lq, with_
 
 
 def test_gather_history_takes_each_position_from_its_row():
-    B, K, L = 2, 3, 5
-    x = np.arange(B * K * L * 2, dtype=np.float32).reshape(B * K, L, 1, 2)
+    B, K, G, L, D = 2, 3, 2, 5, 2
+    x = np.arange(B * K * G * L * D, dtype=np.float32).reshape(B * K, G, L, D)  # a cache, heads first
     beam_rows = RNG.integers(0, K, size=(B, K, L)).astype(np.int32)
-    expected = np.stack([x[b * K + beam_rows[b, k, p], p] for b in range(B) for k in range(K) for p in range(L)])
-    np.testing.assert_array_equal(
-        beams.gather_history(jnp.asarray(x), jnp.asarray(beam_rows)), expected.reshape(x.shape)
-    )
+    expected = np.empty_like(x)
+    for b, k, p in np.ndindex(B, K, L):
+        expected[b * K + k, :, p] = x[b * K + beam_rows[b, k, p], :, p]
+    np.testing.assert_array_equal(beams.gather_history(jnp.asarray(x), jnp.asarray(beam_rows)), expected)
 
 
 def test_a_beam_table_that_does_not_fit_the_cache_raises():

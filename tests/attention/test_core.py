@@ -32,6 +32,19 @@ def test_matches_numpy_with_repeated_kv(impl, kv_heads):
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", COMPUTED_IMPLS)
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_heads_first_keys_and_values_match_numpy(impl, kv_heads):
+    """kv_layout="BNTH": K/V `[batch..., G, Lk, D]` (the decode cache's layout) give the same attention."""
+    q, k, v = random_qkv(batch=(2, 3), kv_heads=kv_heads, dv=6 if impl != "xla" else 8)
+    mask = np.random.default_rng(1).random((2, 3, 4, 5, 7)) > 0.3
+    out, weights = attention.attend(q, k.swapaxes(-3, -2), v.swapaxes(-3, -2), mask=mask, impl=impl, kv_layout="BNTH")
+    expected, expected_weights = reference.attention(q, k, v, mask=mask)
+    np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+    if weights is not None:
+        np.testing.assert_allclose(weights, expected_weights, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("impl", ["vmap", "einsum"])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_returned_weights_match_numpy(impl, kv_heads):
@@ -170,6 +183,7 @@ def test_precision_is_accepted_by_every_impl():
         (dict(mask=np.ones((2, 3, 5, 7), bool)), r"does not broadcast to \(2, 4, 5, 7\)"),
         (dict(bias=np.ones((5, 6), np.float32)), "bias has shape"),
         (dict(local_window_size=-1), "local_window_size"),
+        (dict(kv_layout="BHTD"), r"kv_layout = 'BHTD'; expected 'BTNH' .* or 'BNTH'"),
         (dict(dropout_rate=1.0), "dropout_rate"),
         (dict(dropout_rate=0.1, deterministic=False), "dropout_rng is required"),
         (

@@ -148,6 +148,20 @@ def test_decode_equals_the_full_causal_pass(kv_heads, chunks):
     np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
 
 
+def test_decode_through_flaxs_attention_fn_equals_the_full_causal_pass():
+    """A user's `attention_fn` (Flax's own here) reads the heads-first cache in Flax's layout, handed over so."""
+    layer = attention.MultiHeadAttention(num_heads=4, decode=True, attention_fn=nn.dot_product_attention)
+    x = inputs()
+    variables = layer.init(KEY, x)
+    full = layer.clone(decode=False).apply({"params": variables["params"]}, x, is_causal=True)
+    cache, outs = variables["cache"], []
+    for t in range(x.shape[1]):
+        out, updated = layer.apply({"params": variables["params"], "cache": cache}, x[:, t : t + 1], mutable=["cache"])
+        cache = updated["cache"]
+        outs.append(out)
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
 def test_blockwise_prefill_and_decode_equal_the_full_pass():
     """Blocks (2, 4) do not divide the 6 positions; the cache path masks by position, not by flag."""
     layer = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, decode=True, impl="blockwise", block_sizes=(2, 4))
@@ -391,6 +405,27 @@ def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them():
     # a later step reads the cache: another source is not read, the first one's answer comes back
     later = cross.apply({"params": params, "cache": cache}, x, other)
     np.testing.assert_allclose(later, plain.apply({"params": params}, x, source), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_kv_heads=2, attention_type="entmax"),  # reads the stored source heads-first, as it is
+        dict(num_kv_heads=2, attention_type="linformer", attention_options=dict(max_length=8, projected_length=4)),
+        dict(attention_fn=nn.dot_product_attention),  # Flax's function: handed Flax's layout
+    ],
+    ids=["entmax", "linformer", "attention_fn"],
+)
+def test_cache_cross_kv_serves_family_members_and_attention_fn_as_the_plain_layer(kwargs):
+    """The stored source is heads-first; whatever reads it gives the answer of the layer without the store."""
+    x, source, other = inputs((2, 3, 16)), inputs((2, 5, 16), seed=1), inputs((2, 5, 16), seed=2)
+    cross = attention.MultiHeadAttention(num_heads=4, cache_cross_kv=True, **kwargs)
+    params = cross.init(KEY, x, source)["params"]
+    want = attention.MultiHeadAttention(num_heads=4, **kwargs).apply({"params": params}, x, source)
+    first, state = cross.apply({"params": params}, x, source, mutable=["cache"])
+    later = cross.apply({"params": params, "cache": state["cache"]}, x, other)  # `other` is not read
+    np.testing.assert_allclose(first, want, atol=1e-6)
+    np.testing.assert_allclose(later, want, atol=1e-6)
 
 
 def test_per_sequence_index_decodes_ragged_prompts_as_the_full_causal_pass():

@@ -69,6 +69,15 @@ def test_one_prefill_call_for_all_equals_flax_style_single_steps():
     np.testing.assert_array_equal(layer.cache_index[...], [T] * B)
 
 
+def test_decode_through_flaxs_attention_fn_equals_the_full_causal_pass():
+    """A user's `attention_fn` (Flax's own here) reads the heads-first cache in Flax's layout, handed over so."""
+    layer = attention.nnx.MultiHeadAttention(4, D, attention_fn=nnx.dot_product_attention, rngs=nnx.Rngs(0))
+    full = full_causal(layer, X)
+    layer.init_cache(X.shape)
+    outs = [decode(layer, X[:, t : t + 1], None) for t in range(T)]
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+
+
 def test_decode_mask_is_anded_with_the_causal_cache_mask():
     """A key-padding mask in decode equals the full causal pass with the same mask."""
     layer = attention.nnx.MultiHeadAttention(4, D, num_kv_heads=2, rngs=nnx.Rngs(0))

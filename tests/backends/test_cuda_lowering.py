@@ -201,11 +201,11 @@ def _auto_calls(monkeypatch, platform):
         original = IMPLEMENTATIONS[impl]
         stand_in = IMPLEMENTATIONS["xla"] if impl == "cudnn" and jax.default_backend() != "gpu" else original
 
-        def spy(*args, impl=impl, run=stand_in, **kwargs):
+        def spy(*args, impl=impl, run=stand_in.attention, **kwargs):
             calls[impl] += 1
             return run(*args, **kwargs)
 
-        monkeypatch.setitem(IMPLEMENTATIONS, impl, spy)
+        monkeypatch.setitem(IMPLEMENTATIONS, impl, stand_in._replace(attention=spy))
     config = dataclasses.replace(_config(jnp.bfloat16, platform), attention_impl="auto")
     hlo = _train_step_hlo(config)
     return calls, hlo

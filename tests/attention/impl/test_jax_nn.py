@@ -36,7 +36,7 @@ def options(**kw):
 
 def grouped(dtype=jnp.bfloat16, d=64, lq=16, lk=16, groups=2, per_group=2):
     q = np.zeros((2, lq, groups, per_group, d), dtype)  # NumPy: float64 stays float64 without jax_enable_x64
-    k = np.zeros((2, groups, lk, d), dtype)
+    k = np.zeros((2, lk, groups, d), dtype)  # "BTNH", the layout jax.nn takes
     return q, k, k
 
 
