@@ -1,4 +1,4 @@
-"""Run a config sweep and collect its tables and plots.
+r"""Run a config sweep and collect its tables and plots.
 
     python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3
     python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --launcher slurm \

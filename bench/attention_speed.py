@@ -1,4 +1,4 @@
-"""Attention speed and memory: every `impl` against `jax.nn` (XLA) measured in the same run.
+r"""Attention speed and memory: every `impl` against `jax.nn` (XLA) measured in the same run.
 
     taskset -c 1 python -m bench.attention_speed --reps 3 --impls vmap einsum blockwise auto xla \
         --torch-python /tmp/torchvenv/bin/python              # the README speed table
