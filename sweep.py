@@ -11,6 +11,7 @@ r"""Run a config sweep and collect its tables and plots.
     python sweep.py study --config configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
     python sweep.py plan --config configs/ablation_heads.py --target tpu:v5e   # compile every point, train nothing
     python sweep.py adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
+    python sweep.py registered --config configs/head_size_blocked.py   # the preregistered analysis, once complete
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
@@ -28,7 +29,10 @@ import sys
 from pathlib import Path
 
 # the first subcommand name given: read when JAX is imported, so a plan compiles for its --target on this host's CPU
-if next((a for a in sys.argv[1:] if a in ("run", "point", "collect", "study", "plan", "adopt")), None) == "plan":
+if (
+    next((a for a in sys.argv[1:] if a in ("run", "point", "collect", "study", "plan", "registered", "adopt")), None)
+    == "plan"
+):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags
@@ -36,10 +40,10 @@ from absl.flags import argparse_flags
 
 from training.core import errors, logs
 from training.run import aot
-from sweeps import launch, plan, point_run, schema, study, tables as sweep_tables
+from sweeps import launch, plan, point_run, registered, schema, study, tables as sweep_tables
 from sweeps.adopt import adopt_stored
 
-COMMANDS = ("run", "point", "collect", "study", "plan", "adopt")  # as spelled out for JAX_PLATFORMS above
+COMMANDS = ("run", "point", "collect", "study", "plan", "registered", "adopt")  # as spelled out for JAX_PLATFORMS above
 SLURM_DEFAULTS = launch.SlurmOptions()
 
 
@@ -135,6 +139,13 @@ def parse_arguments(argv: list[str]):
     )
     sub.add_argument("--mesh", default="-1,1", help="DATA,MODEL shards of each point's mesh (-1: the rest)")
     command(
+        "registered",
+        registered_analysis,
+        "write RESULTS_DIR/NAME_registered.md: the sweep's contrasts as its SWEEP_PREREGISTRATION fixes them, "
+        "paired by seed (sweeps/registered.py), from --results_dir alone; refused until every registered run is in",
+        "a sweep config with SWEEP_PREREGISTRATION (configs/head_size_blocked.py)",
+    )
+    command(
         "adopt",
         adopt,
         "copy every seed the other sweeps have stored of this sweep's shared points (rows A's h = 8 for "
@@ -211,6 +222,10 @@ def plan_sweep(args) -> None:
     target = aot.parse_target(args.target)
     data, model = aot.parse_mesh(args.mesh)
     print(plan.table(plan.plan(schema.load_module(args.config), target, data, model), target))
+
+
+def registered_analysis(args) -> None:
+    print(f"wrote {registered.write(Path(args.results_dir), schema.load_module(args.config))}")
 
 
 def adopt(args) -> None:

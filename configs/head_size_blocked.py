@@ -35,6 +35,7 @@ SHAPES = {  # (heads, d_k, d_v)
 SWEEP_VALUES = tuple(SHAPES)
 SWEEP_REFERENCE = "h8_dk32"
 SWEEP_VARIANTS = table3_preset.SWEEP_VARIANTS  # :packed, the packed preset (configs/table3_preset.py)
+SWEEP_PREREGISTRATION = "results/preregistration.md"  # fixed before the first run: `python sweep.py registered`
 SWEEP_CONTRASTS = (  # (label, from, to): the registered family, in results/preregistration.md's order
     ("smaller heads at a fixed count", "h8_dk32", "h8_dk8"),
     ("more heads at a fixed head size", "h8_dk8", "h32_dk8"),

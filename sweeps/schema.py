@@ -162,6 +162,12 @@ def _check(config_path, module: ModuleType) -> None:
     first = getattr(module, "SWEEP_FIRST_SEED", 0)
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
         raise bad("SWEEP_FIRST_SEED", "an int >= 0, the sweep's first seed")
+    registration = getattr(module, "SWEEP_PREREGISTRATION", None)
+    if registration is not None and not (isinstance(registration, str) and registration.endswith(".md") and contrasts):
+        raise bad(
+            "SWEEP_PREREGISTRATION",
+            "None or the committed .md file that registered the analysis of SWEEP_CONTRASTS (which it needs)",
+        )
 
 
 def _is_count(value) -> bool:

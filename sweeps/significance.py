@@ -272,6 +272,32 @@ def paired_seeds(point: Mapping[int, float], reference: Mapping[int, float], con
     return Sensitivity(difference, *_t_test(difference, se, len(seeds) - 1, confidence), seeds)
 
 
+def paired_comparison(point: Mapping[int, float], reference: Mapping[int, float]) -> SeedComparison:
+    """Seeds as blocks, as a primary analysis (a registered design: `sweeps.registered`): the paired t test of
+    point - reference ({seed: test BLEU} each, the same seeds on both sides), two-sided, its 95 % interval,
+    TOST at ±MARGIN and the detectable difference on the paired standard error sd(d) / sqrt(n), n - 1 df.
+    Unadjusted (`adjust` adds Holm's); `hedges_g` is NaN (no between-run effect size for paired runs)."""
+    blocked = paired_seeds(point, reference)  # checks both samples
+    if set(point) != set(reference):
+        raise ValueError(
+            f"a paired comparison needs the same seeds on both sides, got point {sorted(point)} "
+            f"and reference {sorted(reference)}"
+        )
+    return SeedComparison(
+        tuple(float(point[s]) for s in blocked.seeds),
+        tuple(float(reference[s]) for s in blocked.seeds),
+        blocked.difference,
+        blocked.ci_low,
+        blocked.ci_high,
+        blocked.se,
+        blocked.df,
+        blocked.p,
+        math.nan,
+        tost_p(blocked.difference, blocked.se, blocked.df),
+        minimum_detectable_difference(blocked.se, blocked.df),
+    )
+
+
 def pooled_contrasts(
     groups: Mapping[Any, Sequence[float]], contrasts: Mapping[Any, tuple[Any, Any]], confidence: float = 0.95
 ) -> dict[Any, Sensitivity]:

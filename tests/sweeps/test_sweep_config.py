@@ -69,6 +69,8 @@ def test_bad_sweep_config(tmp_path):
         ('SWEEP_CONTRASTS = (("x", 1, 3),)', "SWEEP_CONTRASTS"),
         ('SWEEP_CONTRASTS = (("x", 1, 1),)', "SWEEP_CONTRASTS"),
         ('SWEEP_CONTRASTS = ("x", 1, 2)', "SWEEP_CONTRASTS"),
+        ('SWEEP_PREREGISTRATION = "results/preregistration.md"', "SWEEP_PREREGISTRATION"),  # no contrasts
+        ('SWEEP_CONTRASTS = (("x", 1, 2),)\nSWEEP_PREREGISTRATION = True', "SWEEP_PREREGISTRATION"),
     ],
 )
 def test_bad_sweep_fields_are_named(tmp_path, line, field):

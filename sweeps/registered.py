@@ -1,0 +1,123 @@
+"""A sweep's registered analysis: its named contrasts with the seed as block, as its preregistration fixes it.
+
+A sweep config registers its analysis with `SWEEP_PREREGISTRATION`, the committed file that fixed the
+design before the first run (configs/head_size_blocked.py: results/preregistration.md); the registered
+seeds are `SWEEP_FIRST_SEED` and the next, as many as the sweep was run with (its stored spec's "seeds").
+
+For each contrast (label, from, to) of the sweep's `SWEEP_CONTRASTS` and each registered seed s,
+d_s = test BLEU(to, s) - test BLEU(from, s). The paired t test of mean d = 0 (two-sided, n - 1 degrees
+of freedom), its 95 % interval, TOST against ±`significance.MARGIN` on the same paired standard error,
+both Holm-adjusted over the contrasts, and the difference n blocks detect with 80 % power at Holm's
+strictest level (`significance.paired_comparison`, `significance.adjust`). Verdicts as everywhere:
+lower / higher, equivalent within ±MARGIN, else undetermined.
+
+It runs only on the complete design: every contrast's points at every registered seed. A sweep cut
+short raises and names the runs it lacks, so no verdict is read off a partial sweep. The runs' batches
+(commit × CPU kind, `tables.batch_label`) are listed; a design registered on one batch that ran on
+more says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from sweeps import significance, store, tables
+
+
+def missing_runs(results: list[dict], spec: dict, seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """(value, seed) of every run the contrasts need at `seeds` that `results` lacks (no test BLEU)."""
+    have = {(r["value"], r["seed"]) for r in results if "test_bleu" in r}
+    needed = dict.fromkeys(value for _, a, b in spec.get("contrasts") or [] for value in (a, b))
+    return [(value, seed) for value in needed for seed in seeds if (value, seed) not in have]
+
+
+def comparisons(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[str, significance.SeedComparison]:
+    """{contrast label: its paired comparison, Holm-adjusted over the contrasts}; a ValueError naming the
+    missing runs unless the design is complete at `seeds`."""
+    contrasts = spec.get("contrasts") or []
+    if not contrasts:
+        raise ValueError(f"sweep {spec['name']!r} names no contrasts (SWEEP_CONTRASTS): nothing is registered")
+    if len(set(seeds)) < 2:
+        raise ValueError(f"a paired analysis needs two or more registered seeds, got {list(seeds)}")
+    missing = missing_runs(results, spec, seeds)
+    if missing:
+        runs = ", ".join(f"{value} seed {seed}" for value, seed in missing)
+        raise ValueError(
+            f"the registered design of {spec['name']!r} is not complete at seeds {list(seeds)}: "
+            f"{len(missing)} run(s) missing ({runs}); it is analysed once every registered run is in"
+        )
+    bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results if "test_bleu" in r}
+    by_seed = lambda value: {seed: bleu[value, seed] for seed in seeds}
+    return significance.adjust(
+        {label: significance.paired_comparison(by_seed(b), by_seed(a)) for label, a, b in contrasts}
+    )
+
+
+TITLES = [
+    "#",
+    "comparison",
+    "from → to",
+    "d per seed",
+    "mean d (BLEU)",
+    "95 % CI",
+    "p (paired t, two-sided)",
+    "p, Holm",
+    f"equivalence p (TOST ±{significance.MARGIN:g}), Holm",
+    "detectable difference (80 % power at Holm's α / m)",
+    "verdict",
+]
+
+
+def write(results_dir: Path, module: ModuleType) -> Path:
+    """Write RESULTS_DIR/NAME_registered.md (`markdown`) for the sweep config `module`, from its stored results."""
+    registration = getattr(module, "SWEEP_PREREGISTRATION", None)
+    if registration is None:
+        raise ValueError(f"sweep {module.SWEEP_NAME!r} registers no analysis (no SWEEP_PREREGISTRATION in its config)")
+    sweep_dir = Path(results_dir) / module.SWEEP_NAME
+    spec = store.read_spec(sweep_dir)
+    first = getattr(module, "SWEEP_FIRST_SEED", 0)
+    seeds = list(range(first, first + spec["seeds"]))
+    path = Path(results_dir) / f"{module.SWEEP_NAME}_registered.md"
+    path.write_text(markdown(store.load_results(sweep_dir, spec), spec, seeds, registration))
+    return path
+
+
+def markdown(results: list[dict], spec: dict, seeds: Sequence[int], registration: str) -> str:
+    """The registered analysis (`comparisons`) as markdown, the runs' batches below it."""
+    tests = comparisons(results, spec, seeds)
+    lines = [
+        tables.fill(
+            "registered",
+            registration=registration,
+            sweep=spec["name"],
+            seeds=", ".join(map(str, seeds)),
+            family=len(tests),
+            margin=f"{significance.MARGIN:g}",
+            alpha=f"{significance.ALPHA:g}",
+        ),
+        "",
+        "| " + " | ".join(TITLES) + " |",
+        "|---:|---|---|---|" + "---:|" * (len(TITLES) - 5) + "---|",
+    ]
+    for i, (label, a, b) in enumerate(spec["contrasts"], 1):
+        c = tests[label]
+        per_seed = ", ".join(f"{to - start:+.2f}" for to, start in zip(c.point, c.reference))
+        cells = tables.comparison_cells(c)
+        del cells[2]  # Hedges' g: none for paired runs
+        lines.append(f"| {i} | {label} | {a} → {b} | {per_seed} | " + " | ".join(cells) + " |")
+    family = len(tests)
+    lines += ["", tables.detectable_text(family, "these comparisons") + ".", "", _batches(results, spec, seeds)]
+    return "\n".join(lines) + "\n"
+
+
+def _batches(results: list[dict], spec: dict, seeds: Sequence[int]) -> str:
+    """Which batch (commit × CPU kind) ran the analysed runs: one, as registered, or each named."""
+    values = {value for _, a, b in spec["contrasts"] for value in (a, b)}
+    analysed = [r for r in results if r["value"] in values and r["seed"] in seeds]
+    labels = sorted({tables.batch_label(r) for r in analysed})
+    if len(labels) == 1:
+        return f"All {len(analysed)} runs in one batch: {labels[0]}."
+    counts = {label: sum(tables.batch_label(r) == label for r in analysed) for label in labels}
+    return f"**The runs span {len(labels)} batches** (" + "; ".join(f"{k}: {n}" for k, n in counts.items()) + ")."

@@ -1,0 +1,92 @@
+"""The registered analysis (sweeps/registered.py): paired by seed against SciPy, Holm by hand, complete or refused."""
+
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sweeps import registered, significance, store
+
+CONTRASTS = [["shrink", "big", "small"], ["widen", "small", "wide"]]
+SPEC = {"name": "blocked", "key": "shape", "values": ["big", "small", "wide"], "reference": "big", "seeds": 5}
+SEEDS = [10, 11, 12, 13, 14]
+MACHINE = "cpu|cpu|Intel(R) Xeon(R) Processor, native bf16|jax 0.12.1|jaxlib 0.12.1|matmul auto"
+
+
+def runs(means, seeds=SEEDS, seed_sd=0.6, noise=0.15, commit="a" * 40):
+    """Results as result.json holds them: each seed shifts every point alike (it fixes the data order)."""
+    rng = np.random.default_rng(0)
+    shared = {s: rng.normal(0.0, seed_sd) for s in seeds}
+    return [
+        {"value": v, "seed": s, "test_bleu": m + shared[s] + rng.normal(0, noise), "commit": commit, "machine": MACHINE}
+        for v, m in means.items()
+        for s in seeds
+    ]
+
+
+def test_a_paired_comparison_is_scipys_paired_t_with_tost_on_the_paired_error():
+    rng = np.random.default_rng(3)
+    shared = rng.normal(0, 0.5, 5)
+    to = {s: 38.4 + shared[i] + rng.normal(0, 0.2) for i, s in enumerate(SEEDS)}
+    start = {s: 39.0 + shared[i] + rng.normal(0, 0.2) for i, s in enumerate(SEEDS)}
+    c = significance.paired_comparison(to, start)
+    a, b = [to[s] for s in SEEDS], [start[s] for s in SEEDS]
+    expected = stats.ttest_rel(a, b)
+    assert c.p == pytest.approx(expected.pvalue, rel=1e-10) and c.df == 4
+    ci = expected.confidence_interval(0.95)
+    assert (c.ci_low, c.ci_high) == (pytest.approx(ci.low, rel=1e-10), pytest.approx(ci.high, rel=1e-10))
+    m = significance.MARGIN  # TOST: two one-sided paired t tests against the margins
+    lower = stats.ttest_rel([x + m for x in a], b, alternative="greater").pvalue
+    upper = stats.ttest_rel([x - m for x in a], b, alternative="less").pvalue
+    assert c.tost_p == pytest.approx(max(lower, upper), rel=1e-10)
+    assert math.isnan(c.hedges_g) and c.point == tuple(a) and c.reference == tuple(b)
+    with pytest.raises(ValueError, match="the same seeds on both sides"):
+        significance.paired_comparison(to, {s: start[s] for s in SEEDS[:4]})
+
+
+def test_contrasts_are_paired_by_seed_and_holm_adjusted_over_the_family():
+    results = runs({"big": 39.0, "small": 37.5, "wide": 37.5})
+    tests = registered.comparisons(results, {**SPEC, "contrasts": CONTRASTS}, SEEDS)
+    bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results}
+    p = {
+        label: stats.ttest_rel([bleu[b, s] for s in SEEDS], [bleu[a, s] for s in SEEDS]).pvalue
+        for label, a, b in CONTRASTS
+    }
+    small, large = sorted(p.values())  # Holm over two, by hand: 2 p_(1), then max(that, p_(2))
+    holm = {label: (2 * small if q == small else max(2 * small, large)) for label, q in p.items()}
+    for label, c in tests.items():
+        assert c.p == pytest.approx(p[label], rel=1e-10) and c.p_holm == pytest.approx(min(1, holm[label]), rel=1e-10)
+    assert tests["shrink"].verdict == "lower"
+    assert tests["widen"].verdict in ("undetermined", f"equivalent within ±{significance.MARGIN:g}")
+
+
+def test_an_incomplete_design_is_refused_naming_the_missing_runs():
+    results = [r for r in runs({"big": 39.0, "small": 38.0, "wide": 38.0}) if (r["value"], r["seed"]) != ("wide", 13)]
+    with pytest.raises(
+        ValueError, match=r"not complete at seeds \[10, 11, 12, 13, 14\]: 1 run\(s\) missing \(wide seed 13\)"
+    ):
+        registered.comparisons(results, {**SPEC, "contrasts": CONTRASTS}, SEEDS)
+    with pytest.raises(ValueError, match="names no contrasts"):
+        registered.comparisons(results, SPEC, SEEDS)
+
+
+def test_write_reads_the_stored_sweep_and_names_its_batches(tmp_path):
+    spec = {**SPEC, "contrasts": CONTRASTS}
+    sweep_dir = tmp_path / "blocked"
+    store.write_spec(sweep_dir, spec)
+    results = runs({"big": 39.0, "small": 37.5, "wide": 37.5})
+    results[-1]["commit"] = "b" * 40  # one run on another commit
+    for r in results:
+        path = store.point_path(sweep_dir, spec["key"], r["value"], r["seed"])
+        path.mkdir(parents=True)
+        (path / store.RESULT_FILE).write_text(json.dumps(r))
+    module = types.SimpleNamespace(SWEEP_NAME="blocked", SWEEP_FIRST_SEED=10, SWEEP_PREREGISTRATION="results/prereg.md")
+    text = registered.write(tmp_path, module).read_text()
+    assert text.startswith("# blocked: the registered analysis") and "results/prereg.md" in text
+    assert "| 1 | shrink | big → small |" in text and "**lower**" in text
+    assert "**The runs span 2 batches** (aaaaaaa × " in text and ": 14; bbbbbbb × " in text
+    with pytest.raises(ValueError, match="registers no analysis"):
+        registered.write(tmp_path, types.SimpleNamespace(SWEEP_NAME="blocked"))
