@@ -59,7 +59,7 @@ def linen_call(layer, inputs_q, inputs_k, inputs_v, inputs_kv, deterministic, dr
     options = family.check_options(layer.attention_type, layer.attention_options)  # checks the name too
     if layer.attention_type == "softmax":  # a member refuses dropout itself
         deterministic, dropout_rng = linen_dropout(layer, deterministic, dropout_rng)
-    kv_layout = mh.CROSS_LAYOUT if layer.cache_cross_kv and not layer.fused_qkv else "BTNH"  # a kept source: mh.cross_kv
+    kv_layout = mh.CROSS_LAYOUT if layer.cache_cross_kv and not layer.fused_qkv else "BTNH"  # mh.cross_kv
     return mh.Call((inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng, kv_layout)
 
 

@@ -10,9 +10,9 @@ with the batch axes flattened into B. K/V come in one of two layouts, named as i
 wrapper (`KV_LAYOUTS`): "BTNH" `[batch..., Lk, G, D]`, Flax's and the projections', or "BNTH"
 `[batch..., G, Lk, D]`, heads first, the decode cache's (`attention.cache`), in which GQA/MQA never
 repeat K/V and a decode step reads each KV head's cache contiguously. The vmap, einsum and blockwise
-implementations compute in "BNTH"; `jax.nn`'s takes "BTNH" (`attention.impl.Implementation.kv_layout`). `to_grouped`
-is where a caller's layout meets an implementation's: `relayout` is the one K/V transpose, done
-there when the two differ (and at the cache's write). Every implementation is a function
+implementations compute in "BNTH"; `jax.nn`'s takes "BTNH" (`attention.impl.Implementation.kv_layout`).
+`to_grouped` is where a caller's layout meets an implementation's: `relayout` is the one K/V
+transpose, done there when the two differ (and where the cache is written). Every implementation is a function
 
     implementation(q, k, v, mask, bias, options: Options) -> (out, weights or None)
 """
