@@ -143,8 +143,10 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".png")]
     split = next(iter(configs.values()))["data"]["eval_split"]
     run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
+    registered = results_dir / f"{spec['name']}_registered.md"  # `sweep.py registered`'s: the primary analysis
     paths[0].write_text(
-        seed_markdown(results, spec)
+        (fill("registered_link", file=registered.name) + "\n\n" if registered.exists() else "")
+        + seed_markdown(results, spec, primary=not registered.exists())
         + contrasts_markdown(results, spec)
         + batches_markdown(results, spec)
         + sweep_sensitivity_markdown(results, spec)
@@ -249,10 +251,11 @@ def reference_comparisons(results: list[dict], spec: dict) -> dict[int | str, si
     )
 
 
-def seed_markdown(results: list[dict], spec: dict) -> str:
+def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
     """The primary table: each value's test BLEU against the reference's, seeds as the unit of replication
     (significance.table_comparisons: Welch, Hedges' g, Holm over the table, TOST), with the scored steps;
-    a value of the sweep with no finished seed reads "not run yet"."""
+    a value of the sweep with no finished seed reads "not run yet". Not `primary` where a registered
+    analysis is (`sweeps.registered`): its title says so."""
     key, reference = spec["key"], spec["reference"]
     bleu = bleu_by_value(results)
     if reference not in bleu:
@@ -263,7 +266,8 @@ def seed_markdown(results: list[dict], spec: dict) -> str:
     titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, "scored steps (seed 0 / 1 / ...)"]
     titles += [f"paper: dev BLEU − {key}={reference}'s"] if paper else []
     lines = [
-        f"## Test BLEU against {key} = {reference}, over seeds (the primary result)\n",
+        f"## Test BLEU against {key} = {reference}, over seeds "
+        + ("(the primary result)\n" if primary else "(secondary: the registered analysis above is primary)\n"),
         "| " + " | ".join(titles) + " |",
         "|---|---:|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|---|" + ("---:|" if paper else ""),
     ]

@@ -153,6 +153,12 @@ def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp
     rows = list(csv.DictReader(open(results / "tiny_heads.csv")))
     assert [r["value"] for r in rows] == ["1", "2"] and "dev_bleu_mean" in rows[0]
     assert (results / "tiny_heads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # where `sweep.py registered` has written the registered analysis, the table leads with it as the primary one
+    (results / "tiny_heads_registered.md").write_text("# tiny_heads: the registered analysis\n")
+    run_cli("collect", "--results_dir", results)
+    text = (results / "tiny_heads.md").read_text()
+    assert text.startswith("**The primary analysis of this sweep is the registered one, [tiny_heads_registered.md](")
+    assert "## Test BLEU against h = 2, over seeds (secondary: the registered analysis above is primary)" in text
 
 
 def test_print_commands_lists_unfinished_points(tmp_path):

@@ -74,6 +74,9 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     ]
     spec = {"key": "h", "reference": 8, "values": [1, 2, 8, 16], "test_split": "test"}
     table = tables.seed_markdown(results, spec)
+    assert table.startswith("## Test BLEU against h = 8, over seeds (the primary result)\n")
+    secondary = tables.seed_markdown(results, spec, primary=False)  # beside a registered analysis
+    assert secondary.startswith("## Test BLEU against h = 8, over seeds (secondary: the registered analysis above")
     header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
     assert header[:7] == [
         "h",
