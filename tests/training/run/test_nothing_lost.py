@@ -485,6 +485,7 @@ def test_sigterm_during_a_dev_evaluation_stops_within_seconds_and_the_resume_red
             "checkpoint_every_steps": 4,
             "eval.bleu_examples": 0,
             "eval.max_extra_length": 50,
+            "compilation_cache_dir": "",  # compiled, not loaded from a warm cache: the evaluation lasts
         },
     )
     process = subprocess.Popen(
