@@ -31,5 +31,10 @@ jax.config.update("jax_default_matmul_precision", os.environ["JAX_DEFAULT_MATMUL
 # Many tests compile the same step functions; a session-wide persistent cache compiles each once.
 import tempfile  # noqa: E402
 
-jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="headcount-jax-cache-"))
+SESSION_CACHE = tempfile.mkdtemp(prefix="headcount-jax-cache-")
+jax.config.update("jax_compilation_cache_dir", SESSION_CACHE)
+# The CLIs the tests start (train.py, eval.py, sweep.py: config 'auto') read JAX's cache from the environment:
+# they share the session's too, and never fill or read the user's (~/.cache/headcount/jax, where real runs keep
+# theirs). A test about the user's default unsets it for its subprocess.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = SESSION_CACHE
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
