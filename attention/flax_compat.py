@@ -59,7 +59,7 @@ def linen_call(layer, inputs_q, inputs_k, inputs_v, inputs_kv, deterministic, dr
     options = family.check_options(layer.attention_type, layer.attention_options)  # checks the name too
     if layer.attention_type == "softmax":  # a member refuses dropout itself
         deterministic, dropout_rng = linen_dropout(layer, deterministic, dropout_rng)
-    kv_layout = mh.CROSS_LAYOUT if layer.cache_cross_kv and not layer.fused_qkv else "BTNH"  # mh.cross_kv
+    kv_layout = projected_kv_layout(layer, cross_cached=layer.cache_cross_kv)
     return mh.Call((inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng, kv_layout)
 
 
@@ -72,10 +72,16 @@ def nnx_call(layer, inputs_q, inputs_k, inputs_v, *, decode, lengths, input_posi
     else:
         dropout_rng = None
     inputs = (inputs_q, inputs_k, inputs_v)
-    kv_layout = mh.CROSS_LAYOUT if layer.cache_cross_kv and decode and not layer.fused_qkv else "BTNH"
+    kv_layout = projected_kv_layout(layer, cross_cached=layer.cache_cross_kv and decode)
     return mh.Call(
         inputs, layer.geometry, layer.blocks, dict(layer.attention_options), deterministic, dropout_rng, kv_layout
     )
+
+
+def projected_kv_layout(layer, *, cross_cached: bool) -> str:
+    """The layout of a face's projected keys/values: a kept cross source's (`mh.cross_kv`), else Flax's.
+    A fused projection is self-attention: it keeps no source."""
+    return mh.CROSS_LAYOUT if cross_cached and not layer.fused_qkv else "BTNH"
 
 
 def flax_layout(kv_layout: str, key: jax.Array, value: jax.Array) -> tuple[jax.Array, jax.Array]:

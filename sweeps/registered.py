@@ -19,6 +19,7 @@ more says so.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -116,8 +117,8 @@ def _batches(results: list[dict], spec: dict, seeds: Sequence[int]) -> str:
     """Which batch (commit × CPU kind) ran the analysed runs: one, as registered, or each named."""
     values = {value for _, a, b in spec["contrasts"] for value in (a, b)}
     analysed = [r for r in results if r["value"] in values and r["seed"] in seeds]
-    labels = sorted({tables.batch_label(r) for r in analysed})
-    if len(labels) == 1:
-        return f"All {len(analysed)} runs in one batch: {labels[0]}."
-    counts = {label: sum(tables.batch_label(r) == label for r in analysed) for label in labels}
-    return f"**The runs span {len(labels)} batches** (" + "; ".join(f"{k}: {n}" for k, n in counts.items()) + ")."
+    counts = Counter(tables.batch_label(r) for r in analysed)
+    if len(counts) == 1:
+        return f"All {len(analysed)} runs in one batch: {next(iter(counts))}."
+    runs = "; ".join(f"{label}: {counts[label]}" for label in sorted(counts))
+    return f"**The runs span {len(counts)} batches** ({runs})."
