@@ -14,6 +14,12 @@ intact state in `best/` is restored instead.
 A writer (the training loop) moves a damaged step aside to `checkpoints/damaged/STEP` (kept, never
 reused as a name, never deleted); a reader (`read_only=True`: eval.py, analyses) only skips it.
 When every step is damaged there is nothing to resume from: `NoIntactCheckpoint`, not a restart.
+
+Orbax reads a step's arrays as concurrent tasks and stops at the first one that fails; the other reads of a
+damaged step are left behind, and when they end after orbax has closed its event loop Python prints their
+tracebacks ("Exception ignored in: <coroutine object _read_array_index_and_device_put>", "RuntimeError: Event
+loop is closed"), thousands of lines under the one that reports the step. From a process's first damaged
+restore on, those two are logged at debug level instead (`quiet_abandoned_reads`); any other traceback passes.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import jax
@@ -233,6 +241,7 @@ def _restore_newest(manager, abstract_state):
             state = manager.restore(step, args=ocp.args.StandardRestore(target))
             _verify(manager, step, state)
         except Exception as error:  # a half-written or damaged step: fall back to the previous one
+            quiet_abandoned_reads()
             logging.warning(
                 "checkpoint %d in %s is unreadable (%s); trying an older one",
                 step,
@@ -243,6 +252,45 @@ def _restore_newest(manager, abstract_state):
             continue
         return state, step, unreadable
     return None, 0, unreadable
+
+
+ABANDONED_READ = "_read_array_index_and_device_put"  # orbax's read of one array index (its serialization module)
+
+
+def abandoned_read(exc_value, exc_traceback, obj=None) -> bool:
+    """Whether a traceback Python is about to print is the echo of a damaged restore's abandoned reads: orbax's read
+    coroutine finalised unfinished, or a read finishing into orbax's closed event loop."""
+    if getattr(obj, "__qualname__", None) == ABANDONED_READ:
+        return True
+    frames = [frame.name for frame in traceback.extract_tb(exc_traceback)] if exc_traceback is not None else []
+    return (
+        isinstance(exc_value, RuntimeError)
+        and str(exc_value) == "Event loop is closed"
+        and "call_soon_threadsafe" in frames
+    )
+
+
+def quiet_abandoned_reads() -> None:
+    """Route the tracebacks of orbax's abandoned reads (`abandoned_read`) to a debug log line, for the rest of the
+    process; every other traceback goes to the hooks that were there. Installed once."""
+    if getattr(sys.unraisablehook, "quiets_abandoned_reads", False):
+        return
+    previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+
+    def unraisable(hook_args) -> None:
+        if abandoned_read(hook_args.exc_value, hook_args.exc_traceback, hook_args.object):
+            logging.debug("a damaged checkpoint's abandoned read ended: %s", hook_args.exc_value)
+            return
+        previous_unraisable(hook_args)
+
+    def excepthook(exc_type, exc_value, exc_traceback) -> None:
+        if abandoned_read(exc_value, exc_traceback):
+            logging.debug("a damaged checkpoint's abandoned read ended: %s", exc_value)
+            return
+        previous_except(exc_type, exc_value, exc_traceback)
+
+    unraisable.quiets_abandoned_reads = True  # type: ignore[attr-defined]
+    sys.unraisablehook, sys.excepthook = unraisable, excepthook
 
 
 def _path_name(path) -> str:

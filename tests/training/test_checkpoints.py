@@ -1,6 +1,9 @@
 """Checkpoints are verified on restore: bytes corrupted on disk (size unchanged) are caught, not trained on."""
 
+import asyncio
 import logging
+import sys
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +113,35 @@ def test_rotation_never_deletes_the_protected_step(tmp_path):
         ckpts.save(step, small(step))
     assert ckpts.latest.all_steps() == [3, 6, 7]
     ckpts.close()
+
+
+async def _read_array_index_and_device_put():  # named as orbax's read of one array index
+    raise Exception("Encountered error while reading array index")
+
+
+def hook_args(exc_value, obj=None):
+    return SimpleNamespace(
+        exc_type=type(exc_value), exc_value=exc_value, exc_traceback=exc_value.__traceback__, err_msg=None, object=obj
+    )
+
+
+def test_after_a_damaged_restore_only_its_abandoned_reads_tracebacks_are_dropped(monkeypatch):
+    printed = []  # what Python's own hooks would have printed
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: printed.append(("unraisable", args.exc_value)))
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: printed.append(("except", value)))
+    checkpoints.quiet_abandoned_reads()
+    checkpoints.quiet_abandoned_reads()  # installed once, not wrapped twice
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed") as finishing_read:
+        loop.call_soon_threadsafe(print)  # what a read finishing after orbax closed its loop does
+    read = _read_array_index_and_device_put()
+    elsewhere = RuntimeError("Event loop is closed")  # the same words, not raised by call_soon_threadsafe
+    unrelated = ValueError("a real problem")
+    sys.excepthook(RuntimeError, finishing_read.value, finishing_read.value.__traceback__)
+    sys.unraisablehook(hook_args(finishing_read.value))
+    sys.unraisablehook(hook_args(Exception("Encountered error while reading array index"), obj=read))
+    sys.excepthook(RuntimeError, elsewhere, None)
+    sys.unraisablehook(hook_args(unrelated))
+    read.close()
+    assert printed == [("except", elsewhere), ("unraisable", unrelated)]

@@ -379,7 +379,7 @@ def test_eval_reads_a_damaged_workdir_in_use_without_writing_and_says_which_step
     workdir = copy_of(trained, tmp_path)
     corrupt_largest_file(workdir / "checkpoints" / "20")
     shutil.rmtree(workdir / "best")  # so the damaged latest is what it falls back from
-    holder = subprocess.Popen(["sleep", "120"])  # a live train.py holds the workdir
+    holder = subprocess.Popen(["sleep", "3600"])  # a live train.py holds the workdir until killed below
     try:
         (workdir / loop.LOCK_FILE).write_text(f"{socket.gethostname()}:{holder.pid}")
         before = tree(workdir)
