@@ -18,8 +18,8 @@ When every step is damaged there is nothing to resume from: `NoIntactCheckpoint`
 Orbax reads a step's arrays as concurrent tasks and stops at the first one that fails; the other reads of a
 damaged step are left behind, and when they end after orbax has closed its event loop Python prints their
 tracebacks ("Exception ignored in: <coroutine object _read_array_index_and_device_put>", "RuntimeError: Event
-loop is closed"), thousands of lines under the one that reports the step. From a process's first damaged
-restore on, those two are logged at debug level instead (`quiet_abandoned_reads`); any other traceback passes.
+loop is closed"), thousands of lines around the one that reports the step. From a process's first restore on,
+those two are logged at debug level instead (`quiet_abandoned_reads`); any other traceback passes.
 """
 
 from __future__ import annotations
@@ -229,6 +229,7 @@ def _verify(manager, step: int, state) -> None:
 def _restore_newest(manager, abstract_state):
     """(state, step, unreadable steps) of the newest intact step; (None, 0, unreadable) if none restores."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    quiet_abandoned_reads()  # before the restore: a damaged step's abandoned reads end while orbax still unwinds
     unreadable = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
@@ -241,7 +242,6 @@ def _restore_newest(manager, abstract_state):
             state = manager.restore(step, args=ocp.args.StandardRestore(target))
             _verify(manager, step, state)
         except Exception as error:  # a half-written or damaged step: fall back to the previous one
-            quiet_abandoned_reads()
             logging.warning(
                 "checkpoint %d in %s is unreadable (%s); trying an older one",
                 step,

@@ -32,6 +32,20 @@ def corrupt_largest_file(step_dir, seed=0):
     assert largest.stat().st_size == size
 
 
+def corrupt_every_data_file(step_dir, seed=0):
+    """Damage the middle of each of the step's data files (orbax's `d/` folders), for a tiny model's step: its values
+    can be split over files smaller than an index file the restore no longer reads, so its largest file may hold
+    nothing a restore uses (damaging it alone was seen to leave the step intact)."""
+    data = sorted(p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d")
+    assert data, f"no data file under {step_dir}"
+    for index, path in enumerate(data):
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.seek(size // 2)
+            f.write(np.random.default_rng([seed, index]).bytes(min(4096, size - size // 2)))
+        assert path.stat().st_size == size
+
+
 def test_a_checkpoint_with_corrupted_bytes_is_skipped_for_the_previous_one(tmp_path, caplog):
     ckpts = checkpoints.Checkpoints(tmp_path, keep=3)
     ckpts.save(1, state(1))
@@ -125,7 +139,7 @@ def hook_args(exc_value, obj=None):
     )
 
 
-def test_after_a_damaged_restore_only_its_abandoned_reads_tracebacks_are_dropped(monkeypatch):
+def test_only_the_tracebacks_of_a_damaged_restores_abandoned_reads_are_dropped(monkeypatch):
     printed = []  # what Python's own hooks would have printed
     monkeypatch.setattr(sys, "unraisablehook", lambda args: printed.append(("unraisable", args.exc_value)))
     monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: printed.append(("except", value)))

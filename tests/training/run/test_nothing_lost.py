@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from tests.training.test_checkpoints import corrupt_largest_file, state
+from tests.training.test_checkpoints import corrupt_every_data_file, corrupt_largest_file, state
 from tiny import train_config as tiny_config, train_flags as tiny_flags
 
 from training import checkpoints, config as config_lib
@@ -314,7 +314,7 @@ def test_a_run_without_an_intact_checkpoint_is_refused_until_restart_which_keeps
     workdir = copy_of(trained, tmp_path)
     if damage == "every checkpoint":
         for step in steps(workdir / "checkpoints"):
-            corrupt_largest_file(workdir / "checkpoints" / str(step), seed=step)
+            corrupt_every_data_file(workdir / "checkpoints" / str(step), seed=step)
         for step in steps(workdir / "best"):  # best/ too (its checksums off by one): an intact state there is resumed
             sums = workdir / "best" / str(step) / checkpoints.CHECKSUM_FILE
             sums.write_text(json.dumps({name: value + 1 for name, value in json.loads(sums.read_text()).items()}))
@@ -377,7 +377,7 @@ def eval_py(workdir, *flags):
 @pytest.mark.slow
 def test_eval_reads_a_damaged_workdir_in_use_without_writing_and_says_which_step(trained, tmp_path):
     workdir = copy_of(trained, tmp_path)
-    corrupt_largest_file(workdir / "checkpoints" / "20")
+    corrupt_every_data_file(workdir / "checkpoints" / "20")
     shutil.rmtree(workdir / "best")  # so the damaged latest is what it falls back from
     holder = subprocess.Popen(["sleep", "3600"])  # a live train.py holds the workdir until killed below
     try:
@@ -529,9 +529,8 @@ def test_analyze_refuses_an_unwritable_workdir_before_loading(tmp_path, monkeypa
 @pytest.mark.slow
 def test_analyze_writes_only_its_analysis_folder_and_says_which_step(trained, tmp_path):
     workdir = copy_of(trained, tmp_path)
-    corrupt_largest_file(
-        workdir / "best" / str(steps(workdir / "best")[0])
-    )  # falls back to checkpoints/20, touching neither
+    # damaged best/: analyze falls back to checkpoints/20, touching neither
+    corrupt_every_data_file(workdir / "best" / str(steps(workdir / "best")[0]))
     before = tree(workdir)
     result = run_cli("analyze.py", "roles", f"--workdir={workdir}", "--examples=4")
     assert result.returncode == 0, result.stderr[-3000:]
