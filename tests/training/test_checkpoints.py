@@ -23,13 +23,17 @@ def state(seed):
     }
 
 
-def corrupt_largest_file(step_dir, seed=0):
-    largest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    size = largest.stat().st_size
-    with open(largest, "r+b") as f:  # 4 KiB of random bytes in the middle, the size unchanged
+def damage_middle(path, seed) -> None:
+    """Up to 4 KiB of random bytes over the middle of a file, its size unchanged."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
         f.seek(size // 2)
-        f.write(np.random.default_rng(seed).bytes(4096))
-    assert largest.stat().st_size == size
+        f.write(np.random.default_rng(seed).bytes(min(4096, size - size // 2)))
+    assert path.stat().st_size == size
+
+
+def corrupt_largest_file(step_dir, seed=0):
+    damage_middle(max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size), seed)
 
 
 def corrupt_every_data_file(step_dir, seed=0):
@@ -39,11 +43,7 @@ def corrupt_every_data_file(step_dir, seed=0):
     data = sorted(p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d")
     assert data, f"no data file under {step_dir}"
     for index, path in enumerate(data):
-        size = path.stat().st_size
-        with open(path, "r+b") as f:
-            f.seek(size // 2)
-            f.write(np.random.default_rng([seed, index]).bytes(min(4096, size - size // 2)))
-        assert path.stat().st_size == size
+        damage_middle(path, [seed, index])
 
 
 def test_a_checkpoint_with_corrupted_bytes_is_skipped_for_the_previous_one(tmp_path, caplog):
