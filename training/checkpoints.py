@@ -254,13 +254,13 @@ def _restore_newest(manager, abstract_state):
     return None, 0, unreadable
 
 
-ABANDONED_READ = "_read_array_index_and_device_put"  # orbax's read of one array index (its serialization module)
+_ABANDONED_READ = "_read_array_index_and_device_put"  # orbax's read of one array index (its serialization module)
 
 
-def abandoned_read(exc_value, exc_traceback, obj=None) -> bool:
+def _abandoned_read(exc_value, exc_traceback, obj=None) -> bool:
     """Whether a traceback Python is about to print is the echo of a damaged restore's abandoned reads: orbax's read
     coroutine finalised unfinished, or a read finishing into orbax's closed event loop."""
-    if getattr(obj, "__qualname__", None) == ABANDONED_READ:
+    if getattr(obj, "__qualname__", None) == _ABANDONED_READ:
         return True
     frames = [frame.name for frame in traceback.extract_tb(exc_traceback)] if exc_traceback is not None else []
     return (
@@ -271,20 +271,20 @@ def abandoned_read(exc_value, exc_traceback, obj=None) -> bool:
 
 
 def quiet_abandoned_reads() -> None:
-    """Route the tracebacks of orbax's abandoned reads (`abandoned_read`) to a debug log line, for the rest of the
+    """Route the tracebacks of orbax's abandoned reads (`_abandoned_read`) to a debug log line, for the rest of the
     process; every other traceback goes to the hooks that were there. Installed once."""
     if getattr(sys.unraisablehook, "quiets_abandoned_reads", False):
         return
     previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
 
     def unraisable(hook_args) -> None:
-        if abandoned_read(hook_args.exc_value, hook_args.exc_traceback, hook_args.object):
+        if _abandoned_read(hook_args.exc_value, hook_args.exc_traceback, hook_args.object):
             logging.debug("a damaged checkpoint's abandoned read ended: %s", hook_args.exc_value)
             return
         previous_unraisable(hook_args)
 
     def excepthook(exc_type, exc_value, exc_traceback) -> None:
-        if abandoned_read(exc_value, exc_traceback):
+        if _abandoned_read(exc_value, exc_traceback):
             logging.debug("a damaged checkpoint's abandoned read ended: %s", exc_value)
             return
         previous_except(exc_type, exc_value, exc_traceback)
