@@ -579,13 +579,15 @@ class _Window:
         data_s, step_s, tokens, padding, loss, nll, grad_norm = np.array(self.rows).T
         self.rows = []
         total = data_s.sum() + step_s.sum()
-        norms = grad_norm[~np.isnan(grad_norm)]  # every step's on the CPU, the logged step's on a GPU or TPU
+        # the logged (last) step's norm on every platform: a GPU or TPU computes it on that step alone
+        # (backends.grad_norm_every_step), so a CPU's other steps' norms are left out and the metric means one thing
+        last_norm = grad_norm[-1]
         return {
             "step": step,
             "loss": float(loss.mean()),
             "nll": float(nll.mean()),
             "learning_rate": learning_rate,
-            **({"grad_norm": float(norms.mean())} if norms.size else {}),
+            **({} if np.isnan(last_norm) else {"grad_norm": float(last_norm)}),
             "tokens_per_s": float(tokens.sum() / total),
             "step_time_s": float(total / len(loss)),
             "data_fraction": float(data_s.sum() / total),

@@ -19,7 +19,7 @@ import pytest
 from configs import default
 from tiny import train_config as tiny_config  # d_model 16, 1 layer, 300 pairs, 20 steps
 from training import checkpoints, config as config_lib
-from training.core import precision, step as step_lib
+from training.core import compile_cache, precision, step as step_lib
 from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
@@ -302,3 +302,21 @@ def test_missing_data_directory_names_the_path(tmp_path, monkeypatch):
     config.data.dir = str(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nowhere/train.de.gz is missing"):
         corpus.load_corpus(config, "train")
+
+
+@pytest.mark.parametrize(
+    "norms, logged",
+    [
+        ([1.0, 2.0, 4.0], 4.0),  # a CPU computes every step's norm: the logged (last) step's is written, not the mean
+        ([float("nan"), float("nan"), 4.0], 4.0),  # a GPU or TPU computes the logged step's alone
+        ([float("nan"), float("nan")], None),  # a GPU or TPU window cut short by a stop before its logged step
+    ],
+)
+def test_a_log_line_holds_the_logged_steps_gradient_norm_on_every_platform(norms, logged):
+    window = loop._Window(compile_cache.CompileCounter())
+    for i, norm in enumerate(norms):
+        metrics = {"loss": 3.0 + i, "nll": 2.0 + i, **({} if np.isnan(norm) else {"grad_norm": norm})}
+        window.add(0.1, 0.4, 100, 0.2, metrics)
+    line = window.flush(step=len(norms), learning_rate=1e-3)
+    assert line.get("grad_norm") == logged
+    assert line["loss"] == pytest.approx(3.0 + (len(norms) - 1) / 2)  # the losses are still the window's mean
