@@ -72,7 +72,11 @@ def parse_arguments(argv: list[str]):
     sub = command("run", run, "train every unfinished point of a sweep, then collect its tables", sweep_config)
     sub.add_argument("--workdir", required=True, help=workdir)
     sub.add_argument("--seeds", type=int, default=3, help="seeds per point (0, 1, ..., or from SWEEP_FIRST_SEED)")
-    sub.add_argument("--jobs", type=int, default=1, help="--launcher local: points run at the same time")
+    sub.add_argument(
+        "--jobs",
+        type=int,
+        help="--launcher local: points run at the same time (default: one per GPU on a machine with several, else 1)",
+    )
     sub.add_argument(
         "--points_per_device",
         type=int,
@@ -159,10 +163,11 @@ def run(args) -> None:
     given = [name for name, value in vars(args).items() if name.startswith("slurm_") and value is not None]
     if args.launcher == "local" and given:
         raise ValueError(f"--{given[0]} applies to --launcher slurm only, got --launcher local")
-    if args.launcher == "slurm" and args.points_per_device is not None:
-        raise ValueError(
-            "--points_per_device applies to --launcher local only (a SLURM job gets its own devices: --slurm_gpus)"
-        )
+    for name in ("jobs", "points_per_device"):
+        if args.launcher == "slurm" and getattr(args, name) is not None:
+            raise ValueError(
+                f"--{name} applies to --launcher local only (a SLURM job gets its own devices: --slurm_gpus)"
+            )
     if args.restart:  # one point, named: a whole sweep started over would discard every run in --workdir
         raise ValueError("--restart applies to one point: give --point KEY=VALUE and --seed K (sweep.py point)")
     workdir, results_dir = Path(args.workdir), Path(args.results_dir)

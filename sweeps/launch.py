@@ -7,7 +7,8 @@ wherever it runs:
 
 - the local launcher (`run_sweep`): subprocesses of this machine, `jobs` at a time, or `points_per_device` K
   at a time on each accelerator, each process seeing one device and a 1/K share of its memory (on a CPU,
-  K points at a time: `slot_environments`);
+  K points at a time: `slot_environments`); given neither, one point per GPU on a machine with several, else
+  one at a time (`default_slots`);
 - the SLURM launcher (`submit`, `wait`): one submitit job per point. A point that spans hosts keeps using
   jax.distributed as train.py does (its SLURM environment is detected by training.parallel.distributed).
 
@@ -89,6 +90,15 @@ def slot_environments(
     ]
 
 
+def default_slots(platform: str, devices: int, visible: str | None = None) -> list[dict[str, str]]:
+    """The slots of a sweep given neither --jobs nor --points_per_device: one point per GPU where this machine
+    has several (`slot_environments` with K = 1), since a point process that saw them all would refuse its
+    one-device mesh (config.mesh 1 x 1, `training.parallel.sharding.mesh_shape`); otherwise one point at a time."""
+    if platform == "gpu" and devices > 1:
+        return slot_environments(platform, devices, 1, visible)
+    return [{}]
+
+
 def local_devices() -> tuple[str, int]:
     """(platform, device count) of this machine, asked of a child process so that this one never takes GPU memory."""
     done = subprocess.run(
@@ -125,26 +135,28 @@ def run_sweep(
     workdir: Path,
     results_dir: Path,
     seeds: int,
-    jobs: int = 1,
+    jobs: int | None = None,
     points_per_device: int | None = None,
 ) -> list[Point]:
     """Run every unfinished point as its own process on this machine (`jobs` at a time, or `points_per_device`
-    on each accelerator: `slot_environments`); return the points that failed.
+    on each accelerator: `slot_environments`; neither given: `default_slots`); return the points that failed.
 
     Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
     latest checkpoint and skips finished ones; its log goes to WORKDIR/KEYVALUE_seedK.log. Every point
     compiles through one persistent cache (`sweep_cache_dir`).
     """
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
         raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
-    if points_per_device is None:
-        slots = [{} for _ in range(jobs)]
-    elif jobs != 1:
+    if jobs is not None and points_per_device is not None:
         raise ValueError(
             f"--jobs {jobs} and --points_per_device {points_per_device}: give one (points_per_device sets how many run)"
         )
-    else:
+    if jobs is not None:
+        slots = [{} for _ in range(jobs)]
+    elif points_per_device is not None:
         slots = slot_environments(*local_devices(), points_per_device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    else:
+        slots = default_slots(*local_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     module = schema.load_module(config_path)
     todo = pending(results_dir, config_path, module, seeds)
     Path(workdir).mkdir(parents=True, exist_ok=True)

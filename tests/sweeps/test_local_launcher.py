@@ -66,6 +66,35 @@ def test_points_per_device_on_gpus_gives_each_process_one_device_and_a_memory_sh
         launch.slot_environments("tpu", 4, 2)
 
 
+def test_without_jobs_or_points_per_device_a_machine_with_several_gpus_runs_one_point_on_each(tmp_path, monkeypatch):
+    # A point process that saw both GPUs would refuse its one-device mesh; the fake point stands in for it, the
+    # two GPUs for this machine's devices.
+    (tmp_path / "point.py").write_text(FAKE_POINT)
+    monkeypatch.setattr(launch, "local_devices", lambda: ("gpu", 2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    failed = launch.run_sweep([sys.executable, str(tmp_path / "point.py")], str(CONFIG), tmp_path, tmp_path / "r", 2)
+    assert failed == []
+    runs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("h*_seed*.json"))]
+    assert len(runs) == 4 and sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in runs) == ["0", "0", "1", "1"]
+    assert {r["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] for r in runs} == {"0.950"}
+    # files h1_seed0, h1_seed1, h2_seed0, h2_seed1; seed-major: the two points of one seed ran at once, one per GPU
+    for first, second in [(0, 2), (1, 3)]:
+        assert runs[first]["started"] < runs[second]["ended"] and runs[second]["started"] < runs[first]["ended"]
+
+
+@pytest.mark.parametrize(
+    "platform, devices, visible, expected",
+    [
+        ("cpu", 1, None, [{}]),
+        ("gpu", 1, None, [{}]),  # one GPU: every point sees it, one at a time
+        ("tpu", 4, None, [{}]),  # TPU chips are not split between processes: one point at a time sees them all
+        ("gpu", 3, "2,5,7", [{"CUDA_VISIBLE_DEVICES": d, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.950"} for d in "257"]),
+    ],
+)
+def test_default_slots(platform, devices, visible, expected):
+    assert launch.default_slots(platform, devices, visible) == expected
+
+
 def test_local_devices_are_listed_without_taking_them():
     platform, count = launch.local_devices()
     assert platform in ("cpu", "gpu", "tpu") and count >= 1
@@ -126,24 +155,14 @@ def test_two_points_with_the_same_shapes_share_the_sweep_cache(tmp_path):
     assert totals[1]["compiled"] < totals[0]["compiled"] / 2, totals
 
 
-def test_points_per_device_is_for_the_local_launcher(tmp_path):
+@pytest.mark.parametrize("flag", ["--points_per_device", "--jobs"])
+def test_points_per_device_and_jobs_are_for_the_local_launcher(tmp_path, flag):
     done = subprocess.run(
-        [
-            sys.executable,
-            "sweep.py",
-            "run",
-            "--config",
-            str(CONFIG),
-            "--workdir",
-            str(tmp_path),
-            "--launcher",
-            "slurm",
-            "--points_per_device",
-            "2",
-        ],
+        [sys.executable, "sweep.py", "run", "--config", str(CONFIG), "--workdir", str(tmp_path)]
+        + ["--launcher", "slurm", flag, "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 1 and "--points_per_device applies to --launcher local only" in done.stderr
+    assert done.returncode == 1 and f"{flag} applies to --launcher local only" in done.stderr
