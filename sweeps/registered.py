@@ -9,7 +9,9 @@ d_s = test BLEU(to, s) - test BLEU(from, s). The paired t test of mean d = 0 (tw
 of freedom), its 95 % interval, TOST against ±`significance.MARGIN` on the same paired standard error,
 both Holm-adjusted over the contrasts, and the difference n blocks detect with 80 % power at Holm's
 strictest level (`significance.paired_comparison`, `significance.adjust`). Verdicts as everywhere:
-lower / higher, equivalent within ±MARGIN, else undetermined.
+lower / higher, equivalent within ±MARGIN, else undetermined. Beside it, labelled as such and with no
+verdicts, the two registered sensitivity analyses (`sensitivity`): Welch's unpaired test and one two-way
+model (point + seed block, `significance.blocked_contrasts`), each Holm-adjusted over the contrasts.
 
 It runs only on the complete design: every contrast's points at every registered seed. A sweep cut
 short raises and names the runs it lacks, so no verdict is read off a partial sweep. The runs' batches
@@ -34,9 +36,9 @@ def missing_runs(results: list[dict], spec: dict, seeds: Sequence[int]) -> list[
     return [(value, seed) for value in needed for seed in seeds if (value, seed) not in have]
 
 
-def comparisons(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[str, significance.SeedComparison]:
-    """{contrast label: its paired comparison, Holm-adjusted over the contrasts}; a ValueError naming the
-    missing runs unless the design is complete at `seeds`."""
+def complete_design(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[str, dict[int, float]]:
+    """{value: {seed: test BLEU}} of every value the contrasts name, at `seeds`; a ValueError naming the
+    missing runs unless the design is complete there."""
     contrasts = spec.get("contrasts") or []
     if not contrasts:
         raise ValueError(f"sweep {spec['name']!r} names no contrasts (SWEEP_CONTRASTS): nothing is registered")
@@ -50,10 +52,32 @@ def comparisons(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[s
             f"{len(missing)} run(s) missing ({runs}); it is analysed once every registered run is in"
         )
     bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results if "test_bleu" in r}
-    by_seed = lambda value: {seed: bleu[value, seed] for seed in seeds}
+    values = dict.fromkeys(value for _, a, b in contrasts for value in (a, b))
+    return {value: {seed: bleu[value, seed] for seed in seeds} for value in values}
+
+
+def comparisons(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[str, significance.SeedComparison]:
+    """{contrast label: its paired comparison, Holm-adjusted over the contrasts}; a ValueError naming the
+    missing runs unless the design is complete at `seeds` (`complete_design`)."""
+    design = complete_design(results, spec, seeds)
     return significance.adjust(
-        {label: significance.paired_comparison(by_seed(b), by_seed(a)) for label, a, b in contrasts}
+        {label: significance.paired_comparison(design[b], design[a]) for label, a, b in spec["contrasts"]}
     )
+
+
+def sensitivity(design: dict[str, dict[int, float]], spec: dict) -> dict[str, dict[str, object]]:
+    """The registered sensitivity analyses of the complete `design` (`complete_design`), each Holm-adjusted
+    over the contrasts, no verdicts: {"welch": {label: `significance.compare_seeds`, unpaired}, "two_way":
+    {label: `significance.blocked_contrasts`, one model (point + seed block) fitted to every run of the design}}."""
+    contrasts = {label: (a, b) for label, a, b in spec["contrasts"]}
+    welch = {
+        label: significance.compare_seeds(list(design[b].values()), list(design[a].values()))
+        for label, (a, b) in contrasts.items()
+    }
+    return {
+        "welch": significance.adjust(welch),
+        "two_way": significance.adjust(significance.blocked_contrasts(design, contrasts)),
+    }
 
 
 TITLES = [
@@ -109,8 +133,57 @@ def markdown(results: list[dict], spec: dict, seeds: Sequence[int], registration
         del cells[2]  # Hedges' g: none for paired runs
         lines.append(f"| {i} | {label} | {a} → {b} | {per_seed} | " + " | ".join(cells) + " |")
     family = len(tests)
-    lines += ["", tables.detectable_text(family, "these comparisons") + ".", "", _batches(results, spec, seeds)]
+    lines += ["", tables.detectable_text(family, "these comparisons") + ".", ""]
+    lines += _sensitivity_lines(complete_design(results, spec, seeds), spec, tests)
+    lines += ["", _batches(results, spec, seeds)]
     return "\n".join(lines) + "\n"
+
+
+SENSITIVITY_TITLES = [
+    "#",
+    "comparison",
+    "mean d (BLEU)",
+    "Welch: 95 % CI",
+    "p",
+    "p, Holm",
+    "two-way: 95 % CI",
+    "p",
+    "p, Holm",
+    "paired (primary): p, Holm",
+]
+
+
+def _sensitivity_lines(design: dict[str, dict[int, float]], spec: dict, primary: dict) -> list[str]:
+    """The sensitivity table (`sensitivity`) beside the `primary` Holm p, and the text that says what it is."""
+    models = sensitivity(design, spec)
+    seeds = next(iter(design.values()))
+    lines = [
+        tables.fill(
+            "registered_sensitivity",
+            family=len(primary),
+            points=len(design),
+            runs=len(design) * len(seeds),
+            seeds=len(seeds),
+            df=(len(design) - 1) * (len(seeds) - 1),
+        ),
+        "",
+        "| " + " | ".join(SENSITIVITY_TITLES) + " |",
+        "|---:|---|" + "---:|" * (len(SENSITIVITY_TITLES) - 2),
+    ]
+    for i, (label, _, _) in enumerate(spec["contrasts"], 1):
+        welch, two_way = models["welch"][label], models["two_way"][label]
+        cells = [
+            tables.signed_cell(two_way.difference),
+            tables.ci_cell(welch),
+            tables.p_cell(welch.p),
+            tables.p_cell(welch.p_holm),
+            tables.ci_cell(two_way),
+            tables.p_cell(two_way.p),
+            tables.p_cell(two_way.p_holm),
+            tables.p_cell(primary[label].p_holm),
+        ]
+        lines.append(f"| {i} | {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _batches(results: list[dict], spec: dict, seeds: Sequence[int]) -> str:

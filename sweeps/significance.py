@@ -328,6 +328,50 @@ def pooled_contrasts(
     return out
 
 
+def blocked_contrasts(
+    groups: Mapping[Any, Mapping[int, float]], contrasts: Mapping[Any, tuple[Any, Any]], confidence: float = 0.95
+) -> dict[Any, Sensitivity]:
+    """A two-way additive model, point + seed block, fitted to every run of `groups` (point -> {seed: test BLEU},
+    the same seeds for every point: a complete block design). Each contrast (from, to) is mean(to) - mean(from)
+    (the seed effects cancel in a complete design), tested against the model's residual variance, s^2 = the sum
+    of (y_ps - mean_p - mean_s + grand mean)^2 over the P points and S seeds / ((P - 1)(S - 1)), with
+    se = s sqrt(2 / S) and (P - 1)(S - 1) degrees of freedom; two-sided, with its `confidence` interval. Like
+    the paired test it removes what a seed shares across points; like one pooled variance it assumes every
+    point as noisy as every other and gains degrees of freedom from the points the contrast does not involve.
+    With two points it is the paired t test. NaN where the residual variance is 0."""
+    for key, sample in groups.items():
+        if not isinstance(sample, Mapping):
+            raise ValueError(f"groups[{key!r}] must map seed -> per-seed BLEU, got {type(sample).__name__}")
+        _check_sample(f"groups[{key!r}]", list(sample.values()))
+    seed_sets = {key: sorted(sample) for key, sample in groups.items()}
+    seeds = next(iter(seed_sets.values()), [])
+    if len(groups) < 2 or len(seeds) < 2 or any(s != seeds for s in seed_sets.values()):
+        raise ValueError(
+            "a two-way (point + seed) model needs two or more points with the same two or more seeds each, "
+            f"got seeds {seed_sets}"
+        )
+    for label, pair in contrasts.items():
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(side in groups for side in pair)):
+            raise ValueError(
+                f"contrasts[{label!r}] must be (from, to), two keys of groups {sorted(map(str, groups))}, got {pair!r}"
+            )
+    y = np.array([[float(groups[key][seed]) for seed in seeds] for key in groups])  # points x seeds
+    residuals = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
+    df = (y.shape[0] - 1) * (y.shape[1] - 1)
+    s = math.sqrt(float((residuals**2).sum()) / df)
+    row = {key: i for i, key in enumerate(groups)}
+    out = {}
+    for label, (start, to) in contrasts.items():
+        difference = float(y[row[to]].mean() - y[row[start]].mean())
+        se = s * math.sqrt(2 / len(seeds))
+        out[label] = (
+            Sensitivity(difference, *_t_test(difference, se, df, confidence), tuple(seeds))
+            if se > 0
+            else Sensitivity(difference, math.nan, math.nan, math.nan, math.nan, math.nan, tuple(seeds))
+        )
+    return out
+
+
 def _t_test(difference: float, se: float, df: float, confidence: float) -> tuple[float, float, float, float, float]:
     """(ci_low, ci_high, se, df, two-sided p) of a t statistic difference / se on df degrees of freedom."""
     half = stats.t.ppf(0.5 + confidence / 2, df) * se

@@ -189,7 +189,8 @@ def _steps(runs: list[dict]) -> str:
     return " / ".join(f"{r['step']:,}" for r in runs if "step" in r) + suffix
 
 
-def _p(p: float) -> str:
+def p_cell(p: float) -> str:
+    """A p value as the tables print it: 3 decimals, "< 0.001" below, "–" for NaN (not tested)."""
     return "–" if math.isnan(p) else "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
@@ -198,19 +199,20 @@ def _pair_p(p: float) -> str:
     return f"{p:.4f}" if p < 0.001 else f"{p:.3f}"
 
 
-def _signed(x: float, fmt: str = ".2f") -> str:
+def signed_cell(x: float, fmt: str = ".2f") -> str:
+    """A difference with its sign ("–" for NaN)."""
     return "–" if math.isnan(x) else f"{x:+{fmt}}"
 
 
 def comparison_cells(c: significance.SeedComparison) -> list[str]:
     ci = "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
     return [
-        _signed(c.difference),
+        signed_cell(c.difference),
         ci,
-        _signed(c.hedges_g),
-        _p(c.p),
-        _p(c.p_holm),
-        _p(c.tost_p_holm),
+        signed_cell(c.hedges_g),
+        p_cell(c.p),
+        p_cell(c.p_holm),
+        p_cell(c.tost_p_holm),
         "–" if math.isnan(c.mdd) else f"{c.mdd:.2f}",
         f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict,
     ]
@@ -465,14 +467,14 @@ def sensitivity_table(
             " → ".join(" ".join(seed_batches(groups[side], letters)) for side in (start, to)),
             "yes" if crosses_batches(groups[start] + groups[to]) else "no",
             f"{_seed_list(a.seeds)} ({within} in one batch)",
-            _signed(a.difference),
-            _ci(a),
-            _p(a.p),
-            _p(a.p_holm),
-            _ci(b),
-            _p(b.p),
-            _p(b.p_holm),
-            _p(primary[label].p_holm) if label in primary else "–",
+            signed_cell(a.difference),
+            ci_cell(a),
+            p_cell(a.p),
+            p_cell(a.p_holm),
+            ci_cell(b),
+            p_cell(b.p),
+            p_cell(b.p_holm),
+            p_cell(primary[label].p_holm) if label in primary else "–",
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
@@ -488,7 +490,8 @@ def crosses_batches(runs: list[dict]) -> bool:
     return len({batch_label(r) for r in runs}) > 1
 
 
-def _ci(c) -> str:
+def ci_cell(c) -> str:
+    """A comparison's interval [low, high] ("–" where it has none)."""
     return "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
 
 

@@ -87,6 +87,87 @@ def test_write_reads_the_stored_sweep_and_names_its_batches(tmp_path):
     text = registered.write(tmp_path, module).read_text()
     assert text.startswith("# blocked: the registered analysis") and "results/prereg.md" in text
     assert "| 1 | shrink | big → small |" in text and "**lower**" in text
+    assert "## Sensitivity analyses (registered; no verdicts)" in text and "(3 − 1)(5 − 1) = 8 df" in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 1 | shrink | ") and "→" not in line]
+    assert len(rows) == 1 and len(rows[0]) == 10  # the sensitivity row: Welch and two-way beside the primary p
     assert "**The runs span 2 batches** (aaaaaaa × " in text and ": 14; bbbbbbb × " in text
     with pytest.raises(ValueError, match="registers no analysis"):
         registered.write(tmp_path, types.SimpleNamespace(SWEEP_NAME="blocked"))
+
+
+def ols_contrast(design, start, to):
+    """The reference: the two-way additive model fitted by least squares on a dummy-coded design matrix
+    (intercept, point and seed indicators less one each); the contrast's estimate, se and df from
+    s^2 (X'X)^-1, as any regression package computes them."""
+    points, seeds = list(design), sorted(next(iter(design.values())))
+    rows, y = [], []
+    for i, point in enumerate(points):
+        for j, seed in enumerate(seeds):
+            rows.append(
+                [1.0] + [float(i == k) for k in range(1, len(points))] + [float(j == k) for k in range(1, len(seeds))]
+            )
+            y.append(design[point][seed])
+    X, y = np.array(rows), np.array(y)
+    beta, rss, rank, _ = np.linalg.lstsq(X, y, rcond=None)
+    df = len(y) - rank
+    cov = float(rss[0]) / df * np.linalg.inv(X.T @ X)
+    c = np.zeros(X.shape[1])
+    for point, sign in ((to, 1.0), (start, -1.0)):
+        if points.index(point) > 0:
+            c[points.index(point)] += sign
+    estimate, se = float(c @ beta), float(np.sqrt(c @ cov @ c))
+    return estimate, se, df, 2 * stats.t.sf(abs(estimate / se), df)
+
+
+def test_the_two_way_model_is_a_least_squares_fit_of_point_and_seed_block():
+    results = runs({"big": 39.0, "small": 37.9, "wide": 38.3, "other": 38.8})
+    design = {
+        v: {r["seed"]: r["test_bleu"] for r in results if r["value"] == v} for v in ("big", "small", "wide", "other")
+    }
+    contrasts = {"shrink": ("big", "small"), "widen": ("small", "wide"), "back": ("wide", "big")}
+    tests = significance.blocked_contrasts(design, contrasts)
+    for label, (start, to) in contrasts.items():
+        estimate, se, df, p = ols_contrast(design, start, to)
+        c = tests[label]
+        assert c.difference == pytest.approx(estimate, rel=1e-9) and c.se == pytest.approx(se, rel=1e-9)
+        assert c.df == df == 12 and c.p == pytest.approx(p, rel=1e-9)  # (4 - 1)(5 - 1)
+        half = stats.t.ppf(0.975, df) * se
+        assert (c.ci_low, c.ci_high) == (pytest.approx(estimate - half), pytest.approx(estimate + half))
+    # with two points, the two-way model is the paired t test
+    two = significance.blocked_contrasts({k: design[k] for k in ("big", "small")}, {"shrink": ("big", "small")})
+    paired = stats.ttest_rel([design["small"][s] for s in SEEDS], [design["big"][s] for s in SEEDS])
+    assert two["shrink"].p == pytest.approx(paired.pvalue, rel=1e-9) and two["shrink"].df == 4
+
+
+@pytest.mark.parametrize(
+    "design, contrasts, message",
+    [
+        ({"a": {1: 1.0, 2: 2.0}, "b": {1: 1.0, 3: 2.0}}, {"x": ("a", "b")}, "the same two or more seeds"),
+        ({"a": {1: 1.0, 2: 2.0}}, {"x": ("a", "a")}, "two or more points"),
+        ({"a": {1: 1.0, 2: 2.0}, "b": {1: 1.0, 2: 3.0}}, {"x": ("a", "c")}, r"contrasts\['x'\] must be \(from, to\)"),
+        ({"a": [1.0, 2.0], "b": {1: 1.0, 2: 3.0}}, {"x": ("a", "b")}, r"groups\['a'\] must map seed"),
+        ({"a": {1: True, 2: 2.0}, "b": {1: 1.0, 2: 3.0}}, {"x": ("a", "b")}, r"groups\['a'\]"),
+    ],
+)
+def test_the_two_way_model_refuses_an_incomplete_or_malformed_design(design, contrasts, message):
+    with pytest.raises(ValueError, match=message):
+        significance.blocked_contrasts(design, contrasts)
+
+
+def test_the_sensitivity_analyses_are_welch_and_the_two_way_model_holm_adjusted_over_the_contrasts():
+    results = runs({"big": 39.0, "small": 37.5, "wide": 37.5})
+    spec = {**SPEC, "contrasts": CONTRASTS}
+    models = registered.sensitivity(registered.complete_design(results, spec, SEEDS), spec)
+    bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results}
+    welch = {
+        label: stats.ttest_ind([bleu[b, s] for s in SEEDS], [bleu[a, s] for s in SEEDS], equal_var=False).pvalue
+        for label, a, b in CONTRASTS
+    }
+    design = {v: {s: bleu[v, s] for s in SEEDS} for v in ("big", "small", "wide")}
+    two_way = {label: ols_contrast(design, a, b)[3] for label, a, b in CONTRASTS}
+    for model, p in (("welch", welch), ("two_way", two_way)):
+        small, large = sorted(p.values())  # Holm over two, by hand
+        for label, q in p.items():
+            c = models[model][label]
+            assert c.p == pytest.approx(q, rel=1e-9)
+            assert c.p_holm == pytest.approx(min(1, 2 * small if q == small else max(2 * small, large)), rel=1e-9)

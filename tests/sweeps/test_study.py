@@ -139,15 +139,15 @@ def test_the_studys_sensitivity_counts_a_shared_run_once_and_names_every_seeds_b
     }.items():
         a, b = np.array(bleu[start]), np.array(bleu[to])
         pooled = 2 * stats.t.sf(abs(b.mean() - a.mean()) / np.sqrt(s2 * 2 / 3), 6)
-        assert rows[label][8] == tables._p(pooled)
-        assert rows[label][5] == tables._p(stats.ttest_rel(b, a).pvalue)
+        assert rows[label][8] == tables.p_cell(pooled)
+        assert rows[label][5] == tables.p_cell(stats.ttest_rel(b, a).pvalue)
         assert rows[label][:3] == ["A A B → A A B", "yes", "0–2 (3 in one batch)"]
     paired = [
         stats.ttest_rel(np.array(bleu[t]), np.array(bleu[("heads", 8)])).pvalue
         for t in (("heads", 32), ("shape", "h8_dk8"))
     ]
     assert [rows[label][6] for label in ("heads: 8 → 32", "shape: h8_dk32 → h8_dk8")] == [
-        tables._p(p) for p in significance.holm(paired)
+        tables.p_cell(p) for p in significance.holm(paired)
     ]  # Holm over the study's 2
     legend = cells_of(table.split("## Batches")[1].split("## Sensitivity")[0])
     assert legend["A"] == [

@@ -276,11 +276,13 @@ def test_sensitivity_tables_match_scipys_paired_t_and_a_pooled_t_by_hand_with_ho
     primary = tables.reference_comparisons(results, spec)
     for i, v in enumerate((1, 16)):
         row = rows[f"h = 8 → {v}"]
-        assert row[5] == tables._p(paired[v].pvalue) and row[6] == tables._p(paired_holm[i])
+        assert row[5] == tables.p_cell(paired[v].pvalue) and row[6] == tables.p_cell(paired_holm[i])
         ci = paired[v].confidence_interval(0.95)
         assert row[4] == f"[{ci.low:+.2f}, {ci.high:+.2f}]"
-        assert row[8] == tables._p(pooled[v]) and row[9] == tables._p(pooled_holm[i])
-        assert row[10] == tables._p(primary[v].p_holm)  # the primary Holm p beside them, as the primary table has it
+        assert row[8] == tables.p_cell(pooled[v]) and row[9] == tables.p_cell(pooled_holm[i])
+        assert row[10] == tables.p_cell(
+            primary[v].p_holm
+        )  # the primary Holm p beside them, as the primary table has it
     # batches: h = 8 is A A A B B; h = 1 B B B (its seeds 3-4 absent: 3 pairs, none in one batch); h = 16 as h = 8
     assert rows["h = 8 → 1"][:3] == ["A A A B B → B B B", "yes", "0–2 (0 in one batch)"]
     assert rows["h = 8 → 16"][:3] == ["A A A B B → A A A B B", "yes", "0–4 (5 in one batch)"]
@@ -310,7 +312,7 @@ def test_sensitivity_of_contrasts_is_its_own_family_and_one_batch_reads_no():
     row = cells_of(text.split("The decomposition:")[1])["y to z"]
     y, z = [[r["test_bleu"] for r in runs if r["value"] == v] for v in "yz"]
     assert row[1] == "no" and row[2] == "0–2 (3 in one batch)"
-    assert row[5] == row[6] == tables._p(stats.ttest_rel(z, y).pvalue)  # a family of one: Holm is the raw p
+    assert row[5] == row[6] == tables.p_cell(stats.ttest_rel(z, y).pvalue)  # a family of one: Holm is the raw p
     assert "Within one batch: shape = x → y; shape = x → z; y to z. Crossing batches: none." in text
 
 
