@@ -8,7 +8,8 @@ wherever it runs:
 - the local launcher (`run_sweep`): subprocesses of this machine, `jobs` at a time, or `points_per_device` K
   at a time on each accelerator, each process seeing one device and a 1/K share of its memory (on a CPU,
   K points at a time: `slot_environments`); given neither, one point per GPU on a machine with several, else
-  one at a time (`default_slots`);
+  one at a time (`default_slots`); a sweep whose points' mesh would not cover the devices a point process
+  sees is refused before any starts (`check_meshes`);
 - the SLURM launcher (`submit`, `wait`): one submitit job per point. A point that spans hosts keeps using
   jax.distributed as train.py does (its SLURM environment is detected by training.parallel.distributed).
 
@@ -30,6 +31,7 @@ from types import ModuleType
 import submitit
 
 from training.core import compile_cache
+from training.parallel import sharding
 from sweeps import adopt, schema, store
 from sweeps.point_run import LOCK_FILE
 from sweeps.schema import Point
@@ -99,6 +101,28 @@ def default_slots(platform: str, devices: int, visible: str | None = None) -> li
     return [{}]
 
 
+def check_meshes(module: ModuleType, todo: list[Point], platform: str, seen: int) -> None:
+    """A ValueError, before any point starts, naming the first point of `todo` whose config.mesh does not cover
+    the `seen` devices each point process sees: the check its trainer makes (`sharding.mesh_shape`), which
+    would otherwise fail every point after it has loaded its data."""
+    for value in dict.fromkeys(point.value for point in todo):
+        point = next(p for p in todo if p.value == value)
+        config = module.get_config(point.arg)
+        if config.parallelism != "jit":  # pmap: data parallel over whatever devices there are
+            continue
+        try:
+            sharding.mesh_shape(config.mesh.data, config.mesh.model, seen)
+        except ValueError as refused:
+            hint = (
+                "; the local launcher does not split TPU chips between point processes (docs/sweeps.md)"
+                if platform == "tpu"
+                else ""
+            )
+            raise ValueError(
+                f"point {point.arg}: each point process here sees {seen} {platform} device(s): {refused}{hint}"
+            ) from None
+
+
 def local_devices() -> tuple[str, int]:
     """(platform, device count) of this machine, asked of a child process so that this one never takes GPU memory."""
     done = subprocess.run(
@@ -151,14 +175,17 @@ def run_sweep(
         raise ValueError(
             f"--jobs {jobs} and --points_per_device {points_per_device}: give one (points_per_device sets how many run)"
         )
+    platform, devices = local_devices()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if jobs is not None:
         slots = [{} for _ in range(jobs)]
     elif points_per_device is not None:
-        slots = slot_environments(*local_devices(), points_per_device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        slots = slot_environments(platform, devices, points_per_device, visible)
     else:
-        slots = default_slots(*local_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        slots = default_slots(platform, devices, visible)
     module = schema.load_module(config_path)
     todo = pending(results_dir, config_path, module, seeds)
+    check_meshes(module, todo, platform, 1 if "CUDA_VISIBLE_DEVICES" in slots[0] else devices)
     Path(workdir).mkdir(parents=True, exist_ok=True)
     running: list[tuple[Point, subprocess.Popen, object, int]] = []
     failed: list[Point] = []

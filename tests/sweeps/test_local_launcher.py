@@ -82,6 +82,20 @@ def test_without_jobs_or_points_per_device_a_machine_with_several_gpus_runs_one_
         assert runs[first]["started"] < runs[second]["ended"] and runs[second]["started"] < runs[first]["ended"]
 
 
+@pytest.mark.parametrize("platform, hint", [("tpu", "does not split TPU chips"), ("gpu", "")])
+def test_a_sweep_whose_points_would_refuse_their_mesh_is_refused_before_any_starts(
+    tmp_path, monkeypatch, platform, hint
+):
+    # Every point process would see the four devices, and each point's mesh is 1 x 1 (--jobs 1 on the GPUs).
+    (tmp_path / "point.py").write_text(FAKE_POINT)
+    monkeypatch.setattr(launch, "local_devices", lambda: (platform, 4))
+    program = [sys.executable, str(tmp_path / "point.py")]
+    with pytest.raises(ValueError, match=r"point h=1: each point process here sees 4 " + platform) as refused:
+        launch.run_sweep(program, str(CONFIG), tmp_path, tmp_path / "r", 1, jobs=1 if platform == "gpu" else None)
+    assert "expected the number of devices, 4" in str(refused.value) and hint in str(refused.value)
+    assert not list(tmp_path.glob("h*_seed*.json"))  # no point started
+
+
 @pytest.mark.parametrize(
     "platform, devices, visible, expected",
     [
