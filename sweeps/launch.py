@@ -105,8 +105,10 @@ def check_meshes(module: ModuleType, todo: list[Point], platform: str, seen: int
     """A ValueError, before any point starts, naming the first point of `todo` whose config.mesh does not cover
     the `seen` devices each point process sees: the check its trainer makes (`sharding.mesh_shape`), which
     would otherwise fail every point after it has loaded its data."""
-    for value in dict.fromkeys(point.value for point in todo):
-        point = next(p for p in todo if p.value == value)
+    first: dict[int | str, Point] = {}
+    for point in todo:  # the seeds of one value share its config
+        first.setdefault(point.value, point)
+    for point in first.values():
         config = module.get_config(point.arg)
         if config.parallelism != "jit":  # pmap: data parallel over whatever devices there are
             continue

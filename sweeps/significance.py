@@ -308,11 +308,7 @@ def pooled_contrasts(
     It assumes every point as noisy as every other (Welch does not) and gains degrees of freedom from the
     points the contrast does not involve. NaN where N - G is 0 or every group's seeds agree."""
     samples = {key: _check_sample(f"groups[{key!r}]", sample) for key, sample in groups.items()}
-    for label, pair in contrasts.items():
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(side in samples for side in pair)):
-            raise ValueError(
-                f"contrasts[{label!r}] must be (from, to), two keys of groups {sorted(map(str, samples))}, got {pair!r}"
-            )
+    _check_contrasts(contrasts, samples)
     df = sum(len(x) for x in samples.values()) - len(samples)
     squares = sum(sum((v - statistics.fmean(x)) ** 2 for v in x) for x in samples.values())
     s = math.sqrt(squares / df) if df > 0 else math.nan
@@ -350,11 +346,7 @@ def blocked_contrasts(
             "a two-way (point + seed) model needs two or more points with the same two or more seeds each, "
             f"got seeds {seed_sets}"
         )
-    for label, pair in contrasts.items():
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(side in groups for side in pair)):
-            raise ValueError(
-                f"contrasts[{label!r}] must be (from, to), two keys of groups {sorted(map(str, groups))}, got {pair!r}"
-            )
+    _check_contrasts(contrasts, groups)
     y = np.array([[float(groups[key][seed]) for seed in seeds] for key in groups])  # points x seeds
     residuals = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
     df = (y.shape[0] - 1) * (y.shape[1] - 1)
@@ -370,6 +362,15 @@ def blocked_contrasts(
             else Sensitivity(difference, math.nan, math.nan, math.nan, math.nan, math.nan, tuple(seeds))
         )
     return out
+
+
+def _check_contrasts(contrasts: Mapping[Any, tuple[Any, Any]], groups: Mapping[Any, object]) -> None:
+    """ValueError unless every contrast is (from, to), two keys of `groups`."""
+    for label, pair in contrasts.items():
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(side in groups for side in pair)):
+            raise ValueError(
+                f"contrasts[{label!r}] must be (from, to), two keys of groups {sorted(map(str, groups))}, got {pair!r}"
+            )
 
 
 def _t_test(difference: float, se: float, df: float, confidence: float) -> tuple[float, float, float, float, float]:
