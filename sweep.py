@@ -11,7 +11,7 @@ r"""Run a config sweep and collect its tables and plots.
     python sweep.py study --config configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
     python sweep.py plan --config configs/ablation_heads.py --target tpu:v5e   # compile every point, train nothing
     python sweep.py adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
-    python sweep.py registered --config configs/head_size_blocked.py   # the preregistered analysis, once complete
+    python sweep.py registered --config configs/head_size_blocked.py [--missing VALUE:SEED --why ...]  # preregistered
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
@@ -142,13 +142,22 @@ def parse_arguments(argv: list[str]):
         "--target", required=True, help="tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e, tpu:v4:2x2x1, cuda:h100"
     )
     sub.add_argument("--mesh", default="-1,1", help="DATA,MODEL shards of each point's mesh (-1: the rest)")
-    command(
+    sub = command(
         "registered",
         registered_analysis,
         "write RESULTS_DIR/NAME_registered.md: the sweep's contrasts as its SWEEP_PREREGISTRATION fixes them, "
-        "paired by seed (sweeps/registered.py), from --results_dir alone; refused until every registered run is in",
+        "paired by seed (sweeps/registered.py), from --results_dir alone; refused until every registered run is "
+        "in or declared missing",
         "a sweep config with SWEEP_PREREGISTRATION (configs/head_size_blocked.py)",
     )
+    sub.add_argument(
+        "--missing",
+        action="append",
+        default=[],
+        metavar="VALUE:SEED",
+        help="a registered run declared missing under the preregistration's rules (repeat for more); needs --why",
+    )
+    sub.add_argument("--why", help="why the --missing runs are missing, as the preregistration's rules allow")
     command(
         "adopt",
         adopt,
@@ -230,7 +239,9 @@ def plan_sweep(args) -> None:
 
 
 def registered_analysis(args) -> None:
-    print(f"wrote {registered.write(Path(args.results_dir), schema.load_module(args.config))}")
+    module = schema.load_module(args.config)
+    declared = [registered.parse_run(arg, module) for arg in args.missing]
+    print(f"wrote {registered.write(Path(args.results_dir), module, declared, args.why)}")
 
 
 def adopt(args) -> None:

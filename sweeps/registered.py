@@ -36,48 +36,89 @@ def missing_runs(results: list[dict], spec: dict, seeds: Sequence[int]) -> list[
     return [(value, seed) for value in needed for seed in seeds if (value, seed) not in have]
 
 
-def complete_design(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[str, dict[int, float]]:
+def parse_run(arg: str, module: ModuleType) -> tuple[str, int]:
+    """--missing VALUE:SEED as (value, seed), the value one of the sweep's `SWEEP_VALUES` (as spelled there)."""
+    value, _, seed = arg.rpartition(":")
+    values = {str(v): v for v in module.SWEEP_VALUES}
+    if value not in values or not seed.isdigit():
+        raise ValueError(f"--missing {arg!r}: expected VALUE:SEED, VALUE one of {list(values)} and SEED an integer")
+    return values[value], int(seed)
+
+
+def complete_design(
+    results: list[dict], spec: dict, seeds: Sequence[int], declared: Sequence[tuple[str, int]] = ()
+) -> dict[str, dict[int, float]]:
     """{value: {seed: test BLEU}} of every value the contrasts name, at `seeds`; a ValueError naming the
-    missing runs unless the design is complete there."""
+    missing runs unless the design is complete there but for the runs `declared` missing ((value, seed) each,
+    left out: the preregistration's missing runs, e.g. one the divergence guard stopped twice). A run
+    declared missing that is stored is refused too: every stored run is analysed."""
     contrasts = spec.get("contrasts") or []
     if not contrasts:
         raise ValueError(f"sweep {spec['name']!r} names no contrasts (SWEEP_CONTRASTS): nothing is registered")
     if len(set(seeds)) < 2:
         raise ValueError(f"a paired analysis needs two or more registered seeds, got {list(seeds)}")
     missing = missing_runs(results, spec, seeds)
-    if missing:
-        runs = ", ".join(f"{value} seed {seed}" for value, seed in missing)
+    stored = [run for run in declared if run not in missing]
+    if stored:
+        raise ValueError(
+            f"--missing {', '.join(f'{value}:{seed}' for value, seed in stored)}: stored (or not a run the "
+            "registered contrasts need at the registered seeds); a run that is in is analysed"
+        )
+    undeclared = [run for run in missing if run not in declared]
+    if undeclared:
+        runs = ", ".join(f"{value} seed {seed}" for value, seed in undeclared)
         raise ValueError(
             f"the registered design of {spec['name']!r} is not complete at seeds {list(seeds)}: "
-            f"{len(missing)} run(s) missing ({runs}); it is analysed once every registered run is in"
+            f"{len(undeclared)} run(s) missing ({runs}); it is analysed once every registered run is in, or "
+            "declared missing under the preregistration's rules (--missing VALUE:SEED --why ...)"
         )
     bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results if "test_bleu" in r}
     values = dict.fromkeys(value for _, a, b in contrasts for value in (a, b))
-    return {value: {seed: bleu[value, seed] for seed in seeds} for value in values}
+    return {value: {seed: bleu[value, seed] for seed in seeds if (value, seed) in bleu} for value in values}
 
 
-def comparisons(results: list[dict], spec: dict, seeds: Sequence[int]) -> dict[str, significance.SeedComparison]:
-    """{contrast label: its paired comparison, Holm-adjusted over the contrasts}; a ValueError naming the
-    missing runs unless the design is complete at `seeds` (`complete_design`)."""
-    design = complete_design(results, spec, seeds)
+def comparisons(
+    results: list[dict], spec: dict, seeds: Sequence[int], declared: Sequence[tuple[str, int]] = ()
+) -> dict[str, significance.SeedComparison]:
+    """{contrast label: its paired comparison over the seeds both of its points have, Holm-adjusted over the
+    contrasts}; a ValueError naming the missing runs unless the design is complete at `seeds` but for the
+    runs `declared` missing (`complete_design`): a missing run removes its block from the contrasts it enters."""
+    design = complete_design(results, spec, seeds, declared)
     return significance.adjust(
-        {label: significance.paired_comparison(design[b], design[a]) for label, a, b in spec["contrasts"]}
+        {
+            label: significance.paired_comparison(*_shared_blocks(design[b], design[a]))
+            for label, a, b in spec["contrasts"]
+        }
     )
 
 
+def _shared_blocks(point: dict[int, float], reference: dict[int, float]) -> tuple[dict[int, float], dict[int, float]]:
+    shared = sorted(set(point) & set(reference))
+    return {s: point[s] for s in shared}, {s: reference[s] for s in shared}
+
+
 def sensitivity(design: dict[str, dict[int, float]], spec: dict) -> dict[str, dict[str, object]]:
-    """The registered sensitivity analyses of the complete `design` (`complete_design`), each Holm-adjusted
-    over the contrasts, no verdicts: {"welch": {label: `significance.compare_seeds`, unpaired}, "two_way":
-    {label: `significance.blocked_contrasts`, one model (point + seed block) fitted to every run of the design}}."""
+    """The registered sensitivity analyses of `design` (`complete_design`), each Holm-adjusted over the
+    contrasts, no verdicts: {"welch": {label: `significance.compare_seeds`, unpaired, every stored run of the
+    two points}, "two_way": {label: `significance.blocked_contrasts`, one model (point + seed block) fitted to
+    every run of the seeds that every point has}}."""
     contrasts = {label: (a, b) for label, a, b in spec["contrasts"]}
     welch = {
         label: significance.compare_seeds(list(design[b].values()), list(design[a].values()))
         for label, (a, b) in contrasts.items()
     }
+    blocks = _full_blocks(design)
     return {
         "welch": significance.adjust(welch),
-        "two_way": significance.adjust(significance.blocked_contrasts(design, contrasts)),
+        "two_way": significance.adjust(
+            significance.blocked_contrasts({v: {s: d[s] for s in blocks} for v, d in design.items()}, contrasts)
+        ),
     }
+
+
+def _full_blocks(design: dict[str, dict[int, float]]) -> list[int]:
+    """The seeds every point of `design` has."""
+    return sorted(set.intersection(*(set(d) for d in design.values())))
 
 
 TITLES = [
@@ -95,23 +136,36 @@ TITLES = [
 ]
 
 
-def write(results_dir: Path, module: ModuleType) -> Path:
-    """Write RESULTS_DIR/NAME_registered.md (`markdown`) for the sweep config `module`, from its stored results."""
+def write(
+    results_dir: Path, module: ModuleType, declared: Sequence[tuple[str, int]] = (), why: str | None = None
+) -> Path:
+    """Write RESULTS_DIR/NAME_registered.md (`markdown`) for the sweep config `module`, from its stored results;
+    `declared`: runs declared missing under the preregistration's rules, for the reason `why`."""
     registration = getattr(module, "SWEEP_PREREGISTRATION", None)
     if registration is None:
         raise ValueError(f"sweep {module.SWEEP_NAME!r} registers no analysis (no SWEEP_PREREGISTRATION in its config)")
+    if bool(declared) != bool(why and why.strip()):
+        raise ValueError("--missing and --why go together: the runs declared missing and the reason, as registered")
     sweep_dir = Path(results_dir) / module.SWEEP_NAME
     spec = store.read_spec(sweep_dir)
     first = getattr(module, "SWEEP_FIRST_SEED", 0)
     seeds = list(range(first, first + spec["seeds"]))
     path = Path(results_dir) / f"{module.SWEEP_NAME}_registered.md"
-    path.write_text(markdown(store.load_results(sweep_dir, spec), spec, seeds, registration))
+    path.write_text(markdown(store.load_results(sweep_dir, spec), spec, seeds, registration, declared, why))
     return path
 
 
-def markdown(results: list[dict], spec: dict, seeds: Sequence[int], registration: str) -> str:
-    """The registered analysis (`comparisons`) as markdown, the runs' batches below it."""
-    tests = comparisons(results, spec, seeds)
+def markdown(
+    results: list[dict],
+    spec: dict,
+    seeds: Sequence[int],
+    registration: str,
+    declared: Sequence[tuple[str, int]] = (),
+    why: str | None = None,
+) -> str:
+    """The registered analysis (`comparisons`) as markdown, the sensitivity analyses and the runs' batches below
+    it, and the runs `declared` missing (for the reason `why`) named above the table."""
+    tests = comparisons(results, spec, seeds, declared)
     lines = [
         tables.fill(
             "registered",
@@ -123,6 +177,15 @@ def markdown(results: list[dict], spec: dict, seeds: Sequence[int], registration
             alpha=f"{significance.ALPHA:g}",
         ),
         "",
+    ]
+    if declared:
+        runs = ", ".join(f"{value} seed {seed}" for value, seed in declared)
+        lines += [
+            f"**Missing runs** ({len(declared)}, declared as the preregistration's rules say; each removes its "
+            f"block from the comparisons it enters): {runs}. Why: {why.strip() if why else ''}",
+            "",
+        ]
+    lines += [
         "| " + " | ".join(TITLES) + " |",
         "|---:|---|---|---|" + "---:|" * (len(TITLES) - 5) + "---|",
     ]
@@ -134,7 +197,7 @@ def markdown(results: list[dict], spec: dict, seeds: Sequence[int], registration
         lines.append(f"| {i} | {label} | {a} → {b} | {per_seed} | " + " | ".join(cells) + " |")
     family = len(tests)
     lines += ["", tables.detectable_text(family, "these comparisons") + ".", ""]
-    lines += _sensitivity_lines(complete_design(results, spec, seeds), spec, tests)
+    lines += _sensitivity_lines(complete_design(results, spec, seeds, declared), spec, tests)
     lines += ["", _batches(results, spec, seeds)]
     return "\n".join(lines) + "\n"
 
@@ -142,11 +205,12 @@ def markdown(results: list[dict], spec: dict, seeds: Sequence[int], registration
 SENSITIVITY_TITLES = [
     "#",
     "comparison",
-    "mean d (BLEU)",
-    "Welch: 95 % CI",
+    "Welch: d (BLEU)",
+    "95 % CI",
     "p",
     "p, Holm",
-    "two-way: 95 % CI",
+    "two-way: d (BLEU)",
+    "95 % CI",
     "p",
     "p, Holm",
     "paired (primary): p, Holm",
@@ -156,15 +220,15 @@ SENSITIVITY_TITLES = [
 def _sensitivity_lines(design: dict[str, dict[int, float]], spec: dict, primary: dict) -> list[str]:
     """The sensitivity table (`sensitivity`) beside the `primary` Holm p, and the text that says what it is."""
     models = sensitivity(design, spec)
-    seeds = next(iter(design.values()))
+    blocks = len(_full_blocks(design))
     lines = [
         tables.fill(
             "registered_sensitivity",
             family=len(primary),
             points=len(design),
-            runs=len(design) * len(seeds),
-            seeds=len(seeds),
-            df=(len(design) - 1) * (len(seeds) - 1),
+            runs=len(design) * blocks,
+            seeds=blocks,
+            df=(len(design) - 1) * (blocks - 1),
         ),
         "",
         "| " + " | ".join(SENSITIVITY_TITLES) + " |",
@@ -173,10 +237,11 @@ def _sensitivity_lines(design: dict[str, dict[int, float]], spec: dict, primary:
     for i, (label, _, _) in enumerate(spec["contrasts"], 1):
         welch, two_way = models["welch"][label], models["two_way"][label]
         cells = [
-            tables.signed_cell(two_way.difference),
+            tables.signed_cell(welch.difference),
             tables.ci_cell(welch),
             tables.p_cell(welch.p),
             tables.p_cell(welch.p_holm),
+            tables.signed_cell(two_way.difference),
             tables.ci_cell(two_way),
             tables.p_cell(two_way.p),
             tables.p_cell(two_way.p_holm),

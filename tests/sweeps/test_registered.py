@@ -71,6 +71,43 @@ def test_an_incomplete_design_is_refused_naming_the_missing_runs():
         registered.comparisons(results, {**SPEC, "contrasts": CONTRASTS}, SEEDS)
     with pytest.raises(ValueError, match="names no contrasts"):
         registered.comparisons(results, SPEC, SEEDS)
+    with pytest.raises(ValueError, match=r"--missing small:13: stored"):  # a run that is in is analysed
+        registered.comparisons(results, {**SPEC, "contrasts": CONTRASTS}, SEEDS, [("wide", 13), ("small", 13)])
+
+
+def test_a_run_declared_missing_removes_its_block_from_the_comparisons_it_enters():
+    results = [r for r in runs({"big": 39.0, "small": 37.5, "wide": 37.5}) if (r["value"], r["seed"]) != ("wide", 13)]
+    spec = {**SPEC, "contrasts": CONTRASTS}
+    tests = registered.comparisons(results, spec, SEEDS, [("wide", 13)])
+    bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results}
+    four = [s for s in SEEDS if s != 13]
+    p = {
+        "shrink": stats.ttest_rel([bleu["small", s] for s in SEEDS], [bleu["big", s] for s in SEEDS]).pvalue,
+        "widen": stats.ttest_rel([bleu["wide", s] for s in four], [bleu["small", s] for s in four]).pvalue,
+    }
+    assert tests["shrink"].df == 4 and tests["widen"].df == 3
+    for label, q in p.items():
+        assert tests[label].p == pytest.approx(q, rel=1e-10)
+    # the two-way model keeps the seeds every point has (four); Welch every stored run
+    models = registered.sensitivity(registered.complete_design(results, spec, SEEDS, [("wide", 13)]), spec)
+    assert models["two_way"]["widen"].df == (3 - 1) * (4 - 1)
+    welch = stats.ttest_ind([bleu["wide", s] for s in four], [bleu["small", s] for s in SEEDS], equal_var=False)
+    assert models["welch"]["widen"].p == pytest.approx(welch.pvalue, rel=1e-9)
+    text = registered.markdown(results, spec, SEEDS, "results/prereg.md", [("wide", 13)], "stopped twice by the guard")
+    assert "**Missing runs** (1, declared" in text and "wide seed 13. Why: stopped twice by the guard" in text
+
+
+def test_the_cli_form_of_a_missing_run_names_a_value_and_a_seed(tmp_path):
+    module = types.SimpleNamespace(SWEEP_NAME="blocked", SWEEP_VALUES=("big", "small", "wide"))
+    assert registered.parse_run("wide:13", module) == ("wide", 13)
+    assert registered.parse_run("2:1", types.SimpleNamespace(SWEEP_VALUES=(1, 2))) == (2, 1)  # as spelled there
+    for bad in ("wide", "wide:x", "tall:13"):
+        with pytest.raises(ValueError, match=f"--missing {bad!r}: expected VALUE:SEED"):
+            registered.parse_run(bad, module)
+    with pytest.raises(ValueError, match="--missing and --why go together"):
+        registered.write(
+            tmp_path, types.SimpleNamespace(SWEEP_NAME="blocked", SWEEP_PREREGISTRATION="p.md"), [("wide", 13)]
+        )
 
 
 def test_write_reads_the_stored_sweep_and_names_its_batches(tmp_path):
@@ -89,7 +126,7 @@ def test_write_reads_the_stored_sweep_and_names_its_batches(tmp_path):
     assert "| 1 | shrink | big → small |" in text and "**lower**" in text
     assert "## Sensitivity analyses (registered; no verdicts)" in text and "(3 − 1)(5 − 1) = 8 df" in text
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 1 | shrink | ") and "→" not in line]
-    assert len(rows) == 1 and len(rows[0]) == 10  # the sensitivity row: Welch and two-way beside the primary p
+    assert len(rows) == 1 and len(rows[0]) == 11  # the sensitivity row: Welch and two-way beside the primary p
     assert "**The runs span 2 batches** (aaaaaaa × " in text and ": 14; bbbbbbb × " in text
     with pytest.raises(ValueError, match="registers no analysis"):
         registered.write(tmp_path, types.SimpleNamespace(SWEEP_NAME="blocked"))
