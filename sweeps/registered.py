@@ -88,7 +88,8 @@ def comparisons(
         {
             label: significance.paired_comparison(*_shared_blocks(design[b], design[a]))
             for label, a, b in spec["contrasts"]
-        }
+        },
+        len(spec["contrasts"]),  # the registered family, even where a contrast is left untested
     )
 
 
@@ -109,9 +110,10 @@ def sensitivity(design: dict[str, dict[int, float]], spec: dict) -> dict[str, di
     }
     blocks = _full_blocks(design)
     return {
-        "welch": significance.adjust(welch),
+        "welch": significance.adjust(welch, len(contrasts)),
         "two_way": significance.adjust(
-            significance.blocked_contrasts({v: {s: d[s] for s in blocks} for v, d in design.items()}, contrasts)
+            significance.blocked_contrasts({v: {s: d[s] for s in blocks} for v, d in design.items()}, contrasts),
+            len(contrasts),
         ),
     }
 

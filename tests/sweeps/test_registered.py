@@ -93,6 +93,12 @@ def test_a_run_declared_missing_removes_its_block_from_the_comparisons_it_enters
     assert models["two_way"]["widen"].df == (3 - 1) * (4 - 1)
     welch = stats.ttest_ind([bleu["wide", s] for s in four], [bleu["small", s] for s in SEEDS], equal_var=False)
     assert models["welch"]["widen"].p == pytest.approx(welch.pvalue, rel=1e-9)
+    # a contrast left with one block is untested, and Holm still runs over the registered family of two
+    gone = [("wide", s) for s in (10, 11, 12, 13)]
+    left = [r for r in results if (r["value"], r["seed"]) not in gone]
+    untested = registered.comparisons(left, spec, SEEDS, gone)
+    assert math.isnan(untested["widen"].p) and untested["widen"].verdict == "undetermined"
+    assert untested["shrink"].p_holm == pytest.approx(min(1, 2 * p["shrink"]), rel=1e-10)
     text = registered.markdown(results, spec, SEEDS, "results/prereg.md", [("wide", 13)], "stopped twice by the guard")
     assert "**Missing runs** (1, declared" in text and "wide seed 13. Why: stopped twice by the guard" in text
 
