@@ -13,8 +13,10 @@ lower / higher, equivalent within ±MARGIN, else undetermined. Beside it, labell
 verdicts, the two registered sensitivity analyses (`sensitivity`): Welch's unpaired test and one two-way
 model (point + seed block, `significance.blocked_contrasts`), each Holm-adjusted over the contrasts.
 
-It runs only on the complete design: every contrast's points at every registered seed. A sweep cut
-short raises and names the runs it lacks, so no verdict is read off a partial sweep. The runs' batches
+It runs only on the complete design: every contrast's points at every registered seed, but for runs the
+preregistration's rules declare missing (`--missing VALUE:SEED --why ...`: each removes its block from the
+contrasts it enters and is named with the reason). A sweep cut short raises and names the runs it lacks, so
+no verdict is read off a partial sweep. The runs' batches
 (commit × CPU kind, `tables.batch_label`) are listed; a design registered on one batch that ran on
 more says so.
 """
@@ -45,7 +47,7 @@ def parse_run(arg: str, module: ModuleType) -> tuple[str, int]:
     return values[value], int(seed)
 
 
-def complete_design(
+def registered_design(
     results: list[dict], spec: dict, seeds: Sequence[int], declared: Sequence[tuple[str, int]] = ()
 ) -> dict[str, dict[int, float]]:
     """{value: {seed: test BLEU}} of every value the contrasts name, at `seeds`; a ValueError naming the
@@ -82,8 +84,8 @@ def comparisons(
 ) -> dict[str, significance.SeedComparison]:
     """{contrast label: its paired comparison over the seeds both of its points have, Holm-adjusted over the
     contrasts}; a ValueError naming the missing runs unless the design is complete at `seeds` but for the
-    runs `declared` missing (`complete_design`): a missing run removes its block from the contrasts it enters."""
-    design = complete_design(results, spec, seeds, declared)
+    runs `declared` missing (`registered_design`): a missing run removes its block from the contrasts it enters."""
+    design = registered_design(results, spec, seeds, declared)
     return significance.adjust(
         {
             label: significance.paired_comparison(*_shared_blocks(design[b], design[a]))
@@ -99,7 +101,7 @@ def _shared_blocks(point: dict[int, float], reference: dict[int, float]) -> tupl
 
 
 def sensitivity(design: dict[str, dict[int, float]], spec: dict) -> dict[str, dict[str, object]]:
-    """The registered sensitivity analyses of `design` (`complete_design`), each Holm-adjusted over the
+    """The registered sensitivity analyses of `design` (`registered_design`), each Holm-adjusted over the
     contrasts, no verdicts: {"welch": {label: `significance.compare_seeds`, unpaired, every stored run of the
     two points}, "two_way": {label: `significance.blocked_contrasts`, one model (point + seed block) fitted to
     every run of the seeds that every point has}}."""
@@ -199,7 +201,7 @@ def markdown(
         lines.append(f"| {i} | {label} | {a} → {b} | {per_seed} | " + " | ".join(cells) + " |")
     family = len(tests)
     lines += ["", tables.detectable_text(family, "these comparisons") + ".", ""]
-    lines += _sensitivity_lines(complete_design(results, spec, seeds, declared), spec, tests)
+    lines += _sensitivity_lines(registered_design(results, spec, seeds, declared), spec, tests)
     lines += ["", _batches(results, spec, seeds)]
     return "\n".join(lines) + "\n"
 

@@ -89,7 +89,7 @@ def test_a_run_declared_missing_removes_its_block_from_the_comparisons_it_enters
     for label, q in p.items():
         assert tests[label].p == pytest.approx(q, rel=1e-10)
     # the two-way model keeps the seeds every point has (four); Welch every stored run
-    models = registered.sensitivity(registered.complete_design(results, spec, SEEDS, [("wide", 13)]), spec)
+    models = registered.sensitivity(registered.registered_design(results, spec, SEEDS, [("wide", 13)]), spec)
     assert models["two_way"]["widen"].df == (3 - 1) * (4 - 1)
     welch = stats.ttest_ind([bleu["wide", s] for s in four], [bleu["small", s] for s in SEEDS], equal_var=False)
     assert models["welch"]["widen"].p == pytest.approx(welch.pvalue, rel=1e-9)
@@ -200,7 +200,7 @@ def test_the_two_way_model_refuses_an_incomplete_or_malformed_design(design, con
 def test_the_sensitivity_analyses_are_welch_and_the_two_way_model_holm_adjusted_over_the_contrasts():
     results = runs({"big": 39.0, "small": 37.5, "wide": 37.5})
     spec = {**SPEC, "contrasts": CONTRASTS}
-    models = registered.sensitivity(registered.complete_design(results, spec, SEEDS), spec)
+    models = registered.sensitivity(registered.registered_design(results, spec, SEEDS), spec)
     bleu = {(r["value"], r["seed"]): r["test_bleu"] for r in results}
     welch = {
         label: stats.ttest_ind([bleu[b, s] for s in SEEDS], [bleu[a, s] for s in SEEDS], equal_var=False).pvalue
