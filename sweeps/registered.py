@@ -23,6 +23,7 @@ more says so.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,12 +112,14 @@ def sensitivity(design: dict[str, dict[int, float]], spec: dict) -> dict[str, di
         for label, (a, b) in contrasts.items()
     }
     blocks = _full_blocks(design)
+    if len(blocks) >= 2:
+        two_way = significance.blocked_contrasts({v: {s: d[s] for s in blocks} for v, d in design.items()}, contrasts)
+    else:  # runs declared missing left fewer than two seeds that every point has: no model to fit
+        untested = significance.Sensitivity(math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
+        two_way = dict.fromkeys(contrasts, untested)
     return {
         "welch": significance.adjust(welch, len(contrasts)),
-        "two_way": significance.adjust(
-            significance.blocked_contrasts({v: {s: d[s] for s in blocks} for v, d in design.items()}, contrasts),
-            len(contrasts),
-        ),
+        "two_way": significance.adjust(two_way, len(contrasts)),
     }
 
 
@@ -224,7 +227,7 @@ SENSITIVITY_TITLES = [
 def _sensitivity_lines(design: dict[str, dict[int, float]], spec: dict, primary: dict) -> list[str]:
     """The sensitivity table (`sensitivity`) beside the `primary` Holm p, and the text that says what it is."""
     models = sensitivity(design, spec)
-    blocks = len(_full_blocks(design))
+    blocks = max(len(_full_blocks(design)), 1)
     lines = [
         tables.fill(
             "registered_sensitivity",

@@ -99,6 +99,10 @@ def test_a_run_declared_missing_removes_its_block_from_the_comparisons_it_enters
     untested = registered.comparisons(left, spec, SEEDS, gone)
     assert math.isnan(untested["widen"].p) and untested["widen"].verdict == "undetermined"
     assert untested["shrink"].p_holm == pytest.approx(min(1, 2 * p["shrink"]), rel=1e-10)
+    # one seed left that every point has: the two-way model is not fitted ("–"), the rest still printed
+    models = registered.sensitivity(registered.registered_design(left, spec, SEEDS, gone), spec)
+    assert all(math.isnan(c.p) for c in models["two_way"].values()) and not math.isnan(models["welch"]["shrink"].p)
+    assert "| 2 | widen | " in registered.markdown(left, spec, SEEDS, "results/prereg.md", gone, "never run")
     text = registered.markdown(results, spec, SEEDS, "results/prereg.md", [("wide", 13)], "stopped twice by the guard")
     assert "**Missing runs** (1, declared" in text and "wide seed 13. Why: stopped twice by the guard" in text
 
