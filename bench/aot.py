@@ -127,6 +127,7 @@ def searched(result: dict) -> str:
         if result["rows"]
         else f"largest rows: none ({result['granularity']} rows do not fit)"
     )
+    answer += aot.shrinks_note(result["shrinks"])
     return "\n".join([*lines, "", f"{answer}; {len(result['compiles'])} compiles"])
 
 

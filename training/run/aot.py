@@ -585,6 +585,29 @@ def _narrow(fits, seen: dict, granularity: int) -> int:
     return best
 
 
+def _shrinks(compiles: list[dict]) -> list[tuple[int, int]]:
+    """(fewer, more) rows of the compiles where more rows needed less memory: the search takes needed memory
+    to grow with rows, so where it does not, its answer is the boundary it narrowed to, and more rows may fit."""
+    measured = sorted((c["rows"], c["needed_bytes"]) for c in compiles if c["needed_bytes"] is not None)
+    return [
+        (fewer, more)
+        for i, (fewer, need) in enumerate(measured)
+        for more, more_need in measured[i + 1 :]
+        if more_need < need
+    ]
+
+
+def shrinks_note(shrinks: list[tuple[int, int]]) -> str:
+    """What `largest_rows`'s answer means where more rows needed less memory ("" where the need grew)."""
+    if not shrinks:
+        return ""
+    pairs = ", ".join(f"{more} rows < {fewer}" for fewer, more in shrinks)
+    return (
+        f". Needed memory did not grow with rows in these compiles ({pairs}): the answer is where the search "
+        "narrowed to, and more rows may fit"
+    )
+
+
 def largest_rows(
     config,
     target: Target,
@@ -611,14 +634,16 @@ def largest_rows(
     where the first did not fit). Only where one of those disagrees with the line does the search
     narrow by bisection between the largest rows that fit and the fewest that do not, on multiples
     of `granularity` (doubling the step upwards while nothing above is known not to fit). Needed
-    memory is taken to grow with rows; XLA's memory plan is not linear in them (results/aot.md).
+    memory is taken to grow with rows; XLA's memory plan is not linear in them, nor always monotonic
+    (results/aot.md): where a compile of more rows needed less, "shrinks" names the pair.
 
     compile_fn(config, target, data, model, rows=, programs=, devices=) -> {"train": `program_report`}
     (`compile_programs`; a test passes a fake); on_compile(entry) is called after each compile.
-    Returns {"rows": the answer (0: not even `granularity` rows fit), "needed_bytes": its need, "hbm_bytes",
-    "granularity", "line": (a, b) bytes or None, "predicted": the line's rows or None, "compiles": [entry]},
-    an entry being {"rows", "stage", "needed_bytes" (None where refused), "fits", "why", "rematerialized"
-    (`hlo_counts`), "compile_s"}.
+    Returns {"rows": the answer (0: not even `granularity` rows fit), "shrinks": the (fewer, more) row counts
+    compiled where more rows needed less memory (`_shrinks`; empty where the need grew), "needed_bytes": its
+    need, "hbm_bytes", "granularity", "line": (a, b) bytes or None, "predicted": the line's rows or None,
+    "compiles": [entry]}, an entry being {"rows", "stage", "needed_bytes" (None where refused), "fits", "why",
+    "rematerialized" (`hlo_counts`), "compile_s"}.
     """
     _check_search(lo, hi, granularity, hbm_fraction)
     compile_fn = compile_programs if compile_fn is None else compile_fn
@@ -646,6 +671,7 @@ def largest_rows(
     best = _narrow(fits, seen, granularity)
     return {
         "rows": best,
+        "shrinks": _shrinks(compiles),
         "needed_bytes": seen[best]["needed_bytes"] if best else None,
         "hbm_bytes": hbm,
         "granularity": granularity,

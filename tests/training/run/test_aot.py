@@ -252,6 +252,21 @@ def test_largest_rows_without_rematerialisation():
     ]
 
 
+def test_largest_rows_says_where_more_rows_needed_less_memory():
+    assert _largest(LINE)[0]["shrinks"] == []
+    # as XLA's plan for the H100 base step did: a dip, at 152 rows, the line's first row count that should not fit
+    dip = lambda r: LINE(r) - (2 * aot.GIB if r == 152 else 0)
+    result, calls = _largest(dip)
+    assert calls == [32, 64, 144, 152, 168, 160] and result["rows"] == 152  # 152 fit: gallop to 168, bisect
+    assert result["shrinks"] == [(144, 152)]  # 152 rows needed 14.2 GiB, 144 rows 15.4
+    note = aot.shrinks_note(result["shrinks"])
+    assert note == (
+        ". Needed memory did not grow with rows in these compiles (152 rows < 144): the answer is where the search "
+        "narrowed to, and more rows may fit"
+    )
+    assert aot.shrinks_note([]) == ""
+
+
 def test_largest_rows_when_nothing_fits_and_bad_seeds():
     result, _ = _largest(lambda r: None)
     assert result["rows"] == 0 and result["needed_bytes"] is None
