@@ -86,7 +86,11 @@ def comparisons(
     """{contrast label: its paired comparison over the seeds both of its points have, Holm-adjusted over the
     contrasts}; a ValueError naming the missing runs unless the design is complete at `seeds` but for the
     runs `declared` missing (`registered_design`): a missing run removes its block from the contrasts it enters."""
-    design = registered_design(results, spec, seeds, declared)
+    return paired(registered_design(results, spec, seeds, declared), spec)
+
+
+def paired(design: dict[str, dict[int, float]], spec: dict) -> dict[str, significance.SeedComparison]:
+    """`comparisons` of a `registered_design`."""
     return significance.adjust(
         {
             label: significance.paired_comparison(*_shared_blocks(design[b], design[a]))
@@ -172,7 +176,8 @@ def markdown(
 ) -> str:
     """The registered analysis (`comparisons`) as markdown, the sensitivity analyses and the runs' batches below
     it, and the runs `declared` missing (for the reason `why`) named above the table."""
-    tests = comparisons(results, spec, seeds, declared)
+    design = registered_design(results, spec, seeds, declared)
+    tests = paired(design, spec)
     lines = [
         tables.fill(
             "registered",
@@ -204,7 +209,7 @@ def markdown(
         lines.append(f"| {i} | {label} | {a} → {b} | {per_seed} | " + " | ".join(cells) + " |")
     family = len(tests)
     lines += ["", tables.detectable_text(family, "these comparisons") + ".", ""]
-    lines += _sensitivity_lines(registered_design(results, spec, seeds, declared), spec, tests)
+    lines += _sensitivity_lines(design, spec, tests)
     lines += ["", _batches(results, spec, seeds)]
     return "\n".join(lines) + "\n"
 
