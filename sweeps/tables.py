@@ -125,6 +125,21 @@ def collect(results_dir: Path, names: list[str] | None = None) -> list[Path]:
     return paths
 
 
+# A written reading of a sweep's tables sits above this line in NAME.md; collect rewrites only what is below it.
+READING_END = (
+    "<!-- the reading ends here: `python sweep.py collect` writes the tables below and keeps the text above -->"
+)
+
+
+def kept_reading(path: Path) -> str:
+    """The written reading at the top of the sweep table `path`, up to and with `READING_END` ("" where the file
+    or the line is absent): collect keeps it, so that a reading and the tables it reads from stay one page."""
+    if not path.exists():
+        return ""
+    head, end, _ = path.read_text(encoding="utf-8").partition(READING_END)
+    return head + end + "\n\n" if end else ""
+
+
 def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     spec = store.read_spec(sweep_dir)
     results = store.load_results(sweep_dir, spec)
@@ -145,7 +160,8 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
     run_curves = [(r["value"], curves.point_curve(sweep_dir, spec, r, split)) for r in results]
     registered = results_dir / f"{spec['name']}_registered.md"  # `sweep.py registered`'s: the primary analysis
     paths[0].write_text(
-        (fill("registered_link", file=registered.name) + "\n\n" if registered.exists() else "")
+        kept_reading(paths[0])
+        + (fill("registered_link", file=registered.name) + "\n\n" if registered.exists() else "")
         + seed_markdown(results, spec, primary=not registered.exists())
         + contrasts_markdown(results, spec)
         + batches_markdown(results, spec)

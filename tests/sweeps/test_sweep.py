@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import launch, point_run, schema
+from sweeps import launch, point_run, schema, tables
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +159,12 @@ def test_collect_writes_table_csv_and_plot_from_committed_files_alone(swept, tmp
     text = (results / "tiny_heads.md").read_text()
     assert text.startswith("**The primary analysis of this sweep is the registered one, [tiny_heads_registered.md](")
     assert "## Test BLEU against h = 2, over seeds (secondary: the registered analysis above is primary)" in text
+    # a written reading above the marker line survives the next collect; the tables below it are rewritten
+    reading = "# tiny_heads: what the runs support\n\nh = 1 reads as written here.\n\n" + tables.READING_END + "\n\n"
+    (results / "tiny_heads.md").write_text(reading + "stale tables\n")
+    run_cli("collect", "--results_dir", results)
+    kept = (results / "tiny_heads.md").read_text()
+    assert kept == reading + text
 
 
 def test_print_commands_lists_unfinished_points(tmp_path):

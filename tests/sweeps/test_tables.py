@@ -326,3 +326,12 @@ def test_the_detectable_difference_names_its_holm_level():
         cells_of(table)["1"][8]
         == f"{significance.minimum_detectable_difference(compared[1].se, compared[1].df, 0.05 / 3):.2f}"
     )
+
+
+def test_collect_keeps_a_written_reading_above_its_marker_and_nothing_else(tmp_path):
+    path = tmp_path / "sweep.md"
+    assert tables.kept_reading(path) == ""  # no table yet
+    path.write_text("## Test BLEU\n\n| old table |\n")
+    assert tables.kept_reading(path) == ""  # a generated table without a reading: rewritten whole
+    path.write_text(f"# Reading\n\nh = 1 is lower.\n\n{tables.READING_END}\n\n## Test BLEU\n\n| old table |\n")
+    assert tables.kept_reading(path) == f"# Reading\n\nh = 1 is lower.\n\n{tables.READING_END}\n\n"
