@@ -281,7 +281,8 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
     compared = reference_comparisons(results, spec)
     paper = key in ("h", "dk")
     base = next((r for r in results if r["value"] == reference), {})
-    titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, "scored steps (seed 0 / 1 / ...)"]
+    first = min(r["seed"] for r in results)  # a replication's seeds start later (SWEEP_FIRST_SEED)
+    titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, f"scored steps (seed {first} / {first + 1} / ...)"]
     titles += [f"paper: dev BLEU − {key}={reference}'s"] if paper else []
     lines = [
         f"## Test BLEU against {key} = {reference}, over seeds "

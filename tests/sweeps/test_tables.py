@@ -97,6 +97,9 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     done = tables.seed_markdown(results, {**spec, "values": [1, 8, 16]})  # once h = 2 leaves the plan: 2 x 0.0213
     assert cells_of(done)["1"][6] == "0.043" and "**Reading.** Lower: h = 1. Undetermined: h = 16." in done
     assert tables.seed_markdown(results[:3], spec) == ""  # no reference seeds yet
+    assert header[-2] == "scored steps (seed 0 / 1 / ...)"
+    fresh = tables.seed_markdown([{**r, "seed": r["seed"] + 10} for r in results], spec)  # seeds 10-12
+    assert "| scored steps (seed 10 / 11 / ...) |" in fresh.splitlines()[2]
 
 
 def test_contrasts_get_their_own_table_and_missing_points_read_not_run_yet():
