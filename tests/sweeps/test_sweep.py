@@ -189,6 +189,7 @@ def test_point_lock_keeps_two_sweeps_apart(tmp_path):
     assert f"in use by {socket.gethostname()}:{os.getpid()}" in point_run.claim(
         lock
     )  # held by a live process (this one)
+    point_run.release(lock)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     lock.write_text(f"{socket.gethostname()}:{finished.stdout.strip()}")  # its process has exited: stale
     assert point_run.claim(lock) is None and json.loads(lock.read_text())["pid"] == os.getpid()

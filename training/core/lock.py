@@ -1,30 +1,32 @@
-"""One writer per directory: a lock file naming its holder (host, PID, the process's start), taken over when that
-process is provably gone.
+"""One writer per directory: an OS lock (`flock`, through portalocker) on a lock file, held while the holder works.
 
-The lock file is one JSON line, `{"host": ..., "pid": ..., "started": ...}`, where `started` is the kernel's boot id
-and the process's start time (field 22 of /proc/PID/stat): a PID that a later process (or a restarted container)
-reuses is then told apart from the holder. The file is written whole before it appears (a temporary file in the
-same directory, then a link or rename), so a lock is never empty; an empty one is the remains of a start that died
-and is taken over. Claims and releases are serialised by `fcntl.flock` on the lock's directory, so two processes
-taking over one stale lock cannot both win.
+The kernel drops the lock when its holder exits, however it exits (killed, out of memory, its container restarted
+and its PID given to another process), so whether a directory is held is the kernel's answer, never a guess from
+PIDs. The file holds one JSON line, `{"host": ..., "pid": ...}`, written once the lock is taken and read only to
+name the holder to a process it keeps out. The holder removes the file on release while still holding the lock
+(portalocker's TemporaryFileLock, which also checks that the file it locked is still the one at the path), so no
+two processes ever hold one path. A file there that no process locks was left by a holder that died: it is taken.
 
-A lock is taken over only when its holder is provably gone: written on this host, and its PID is dead or belongs
-to a process that started at another time. A lock from another host, or one this code cannot read, is refused
-with the command that removes it (after checking no process still trains there).
+NFS locks files but not directories (its flock is emulated with fcntl locks, which need the file opened for
+writing); nothing here locks a directory. A file system may keep a lock to the host that took it (NFS mounted with
+`local_lock=flock` does), so a lock file written on another host, or one this code cannot read, is refused with
+the command that removes it, to run after checking no process still works there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shlex
 import socket
-import tempfile
 from pathlib import Path
 
+import portalocker
+
 from training.core import files
+
+_HELD: dict[str, tuple[portalocker.TemporaryFileLock, dict]] = {}  # this process's locks (and lines) by absolute path
 
 
 class DirectoryInUse(RuntimeError):
@@ -32,38 +34,61 @@ class DirectoryInUse(RuntimeError):
 
 
 def claim(lock: Path) -> str | None:
-    """Take `lock` for this process; return why not (one line, naming the holder and what to do) if it is held.
-
-    Two sweeps (or a scheduler's retries, or two train.py) on one directory then never write it at once; a lock
-    whose holder is provably gone (see the module's docstring) is taken over.
-    """
+    """Take `lock` for this process until `release` (or its exit); return why not (one line, naming the holder and
+    what to do) if another process holds it. Two sweeps (or a scheduler's retries, or two train.py) on one directory
+    then never write it at once."""
     lock = Path(lock)
-    with _guard(lock.parent):
-        refused, stale = _judge(lock)
-        if refused is not None:
-            return refused
-        try:
-            _write(lock, json.dumps(_me()), replace=stale)
-        except FileExistsError:  # made just now by a process that does not take the guard (an older version)
-            return f"{lock.parent} is in use (its {lock.name} appeared while this process claimed it); wait for it"
+    if held_here := _HELD.get(os.path.abspath(lock)):  # said without opening the file (closing it drops an NFS lock)
+        return _busy(lock, held_here[1])
+    if why := _foreign(lock):
+        return why
+    holder = portalocker.TemporaryFileLock(lock, timeout=0, fail_when_locked=True)
+    try:
+        handle = holder.acquire()  # the file emptied only once the lock is taken
+    except portalocker.AlreadyLocked:
+        return _busy(lock, _read(lock))
+    except portalocker.LockException as error:
+        raise _unlockable(lock, error) from error
+    me = {"host": socket.gethostname(), "pid": os.getpid()}
+    try:
+        handle.write(json.dumps(me) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    except OSError as error:  # a full disk at start: named, as the lock is the first file a run writes
+        holder.release()
+        if refusal := files.naming(error, lock):
+            raise refusal from error
+        raise
+    _HELD[os.path.abspath(lock)] = holder, me
     return None
 
 
 def release(lock: Path) -> None:
-    """Remove `lock` if this process holds it (a lock another process has taken since is left alone)."""
-    lock = Path(lock)
-    with _guard(lock.parent):
-        if _read(lock) == _me():
-            lock.unlink(missing_ok=True)
+    """Unlock and remove `lock` if this process holds it (a lock another process holds is left alone, as is a
+    parent's lock in a child it forked)."""
+    held_here = _HELD.pop(os.path.abspath(lock), None)
+    if held_here is not None and held_here[1]["pid"] == os.getpid():
+        held_here[0].release()
 
 
 def refusal(lock: Path) -> str | None:
-    """Why `lock` keeps this process out (one line naming the holder and what to do), or None (free or stale)."""
+    """Why `lock` keeps this process out (one line naming the holder and what to do), or None if no process holds
+    it. It takes a shared lock for an instant to find out, so a claim at that very instant is refused."""
     lock = Path(lock)
-    if not lock.parent.is_dir():
+    if held_here := _HELD.get(os.path.abspath(lock)):
+        return _busy(lock, held_here[1])
+    if why := _foreign(lock):
+        return why
+    try:
+        with open(lock, "rb") as handle:
+            portalocker.lock(handle, portalocker.LockFlags.SHARED | portalocker.LockFlags.NON_BLOCKING)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    with _guard(lock.parent):
-        return _judge(lock)[0]
+    except portalocker.AlreadyLocked:
+        return _busy(lock, _read(lock))
+    except portalocker.LockException as error:
+        raise _unlockable(lock, error) from error
+    return None  # closing the file dropped the shared lock
 
 
 @contextlib.contextmanager
@@ -78,21 +103,6 @@ def held(lock: Path):
         release(lock)
 
 
-def process_start(pid: int) -> str | None:
-    """The boot id and start time (clock ticks since boot) of process `pid`, or None (no such process, or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name (field 2) may hold spaces and parentheses
-    return f"{boot}/{fields[19]}"  # field 22; fields[0] is field 3
-
-
-def _me() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid())}
-
-
 _GARBAGE = object()
 
 
@@ -100,7 +110,7 @@ def _read(lock: Path):
     """The holder a lock file names (a dict), None if there is no lock, "" if it is empty, _GARBAGE if unreadable."""
     try:
         text = lock.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, UnicodeDecodeError):
         return _GARBAGE
@@ -108,99 +118,43 @@ def _read(lock: Path):
         return ""
     try:
         owner = json.loads(text)
-    except json.JSONDecodeError:  # HOST:PID, as this code wrote it before it recorded start times
+    except json.JSONDecodeError:  # HOST:PID, as this code wrote it before it wrote JSON
         host, _, pid = text.rpartition(":")
-        owner = {"host": host, "pid": int(pid), "started": None} if host and pid.isdigit() else None
+        owner = {"host": host, "pid": int(pid)} if host and pid.isdigit() else None
     if (
         not isinstance(owner, dict)
         or not isinstance(owner.get("host"), str)
         or type(owner.get("pid")) is not int
         or owner["pid"] <= 0
-        or not isinstance(owner.get("started"), (str, type(None)))
     ):
         return _GARBAGE
     return owner
 
 
-def _judge(lock: Path) -> tuple[str | None, bool]:
-    """(why `lock` is refused or None, whether a lock file is there to take over). Call under `_guard`."""
+def _foreign(lock: Path) -> str | None:
+    """Why a lock file this host cannot judge keeps it out (see the module's docstring), or None."""
     owner = _read(lock)
-    if owner is None:
-        return None, False
-    if owner == "":  # a lock is written whole before it appears: an empty one is a start that died
-        return None, True
     remove = f"rm {shlex.quote(str(lock))}"
     if owner is _GARBAGE:
         return (
             f"{lock} is not a lock this code can read; if no process is working in {lock.parent}, remove it: {remove}"
-        ), False
-    name = f"{owner['host']}:{owner['pid']}"
-    if owner["host"] != socket.gethostname():
+        )
+    if isinstance(owner, dict) and owner["host"] != socket.gethostname():
         return (
-            f"{lock.parent} is in use by {name} (its {lock.name}), a process on another host that this one cannot "
-            f"check; if it has stopped, remove the lock: {remove}"
-        ), False
-    started = process_start(owner["pid"])
-    if owner["pid"] == os.getpid() and owner["started"] is None:  # an older lock naming this PID: not ours, so stale
-        return None, True
-    alive = _alive(owner["pid"])
-    reused = alive and owner["started"] is not None and started is not None and started != owner["started"]
-    if not alive or reused:
-        return None, True
-    return f"{lock.parent} is in use by {name} (its {lock.name}); wait for it, or stop it first", False
+            f"{lock.parent} is in use by {owner['host']}:{owner['pid']} (its {lock.name}), a process on another host "
+            f"that this one cannot check; if it has stopped, remove the lock: {remove}"
+        )
+    return None
 
 
-def _write(lock: Path, text: str, replace: bool) -> None:
-    """Put `text` at `lock` whole: a temporary file, then a link (fails if one appeared) or, taking over, a rename."""
-    fd, tmp = tempfile.mkstemp(dir=lock.parent, prefix=f".{lock.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if replace:
-            os.replace(tmp, lock)
-        else:
-            os.link(tmp, lock)  # exclusive: FileExistsError if another process (outside the guard) made one
-    except OSError as error:  # a full disk at start: named, as the lock is the first file a run writes
-        if refusal := files.naming(error, lock):
-            raise refusal from error
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+def _busy(lock: Path, owner) -> str:
+    """The refusal for a lock a live process holds, naming it from its JSON line where that is written."""
+    if not isinstance(owner, dict):  # taken an instant ago, its line not written yet
+        return f"{lock.parent} is in use by a process starting now (its {lock.name}); wait for it, or stop it first"
+    return f"{lock.parent} is in use by {owner['host']}:{owner['pid']} (its {lock.name}); wait for it, or stop it first"
 
 
-GUARD_FILE = (
-    ".lock-guard"  # flocked instead of the directory where a directory cannot be (NFS emulates flock with fcntl locks)
-)
-
-
-@contextlib.contextmanager
-def _guard(directory: Path):
-    """An exclusive flock on `directory` for the body: claims and releases of its locks happen one at a time.
-
-    Where the file system refuses a lock on a directory, the lock is on `directory/GUARD_FILE` instead (created
-    once, never removed: removing it would let two claimers lock two different files).
-    """
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            os.close(fd)
-            fd = os.open(directory / GUARD_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the flock
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
+def _unlockable(lock: Path, error: portalocker.LockException) -> OSError:
+    """A file system that refuses locks (NFS mounted without its lock service) as an OSError naming the lock."""
+    cause = error.__cause__ if isinstance(error.__cause__, OSError) else OSError(None, str(error))
+    return OSError(cause.errno, f"the file system cannot lock it ({cause.strerror})", str(lock))

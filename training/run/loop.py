@@ -29,7 +29,7 @@ from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
 
 
-LOCK_FILE = "train.lock"  # host, PID and start of the process training in the workdir (training.core.lock)
+LOCK_FILE = "train.lock"  # held by the process training in the workdir, naming its host and PID (training.core.lock)
 
 
 PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
@@ -445,7 +445,7 @@ def check_history(workdir: Path) -> None:
 def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
     """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is
     deleted)."""
-    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, lock.GUARD_FILE, PREVIOUS, *keep)]
+    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS, *keep)]
     if not names:
         return
     target = workdir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S", time.gmtime())

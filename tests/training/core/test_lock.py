@@ -1,6 +1,8 @@
-"""The workdir lock: taken over exactly when its holder is provably gone, refused with the way out otherwise."""
+"""The workdir lock: an OS lock its holder keeps while alive; refused naming the holder, taken once it is gone."""
 
+import contextlib
 import errno
+import fcntl
 import json
 import multiprocessing
 import os
@@ -9,10 +11,12 @@ import socket
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
+import portalocker
 import pytest
 
-from training.core import lock
+from training.core import errors as user_errors, lock
 
 
 def dead_pid() -> int:
@@ -20,14 +24,32 @@ def dead_pid() -> int:
     return int(finished.stdout)
 
 
-def test_a_lock_names_host_pid_and_start_and_is_released(tmp_path):
+REPO = Path(__file__).resolve().parents[3]
+HOLD = "import sys; from training.core import lock; print(lock.claim(sys.argv[1]), flush=True); sys.stdin.read()"
+
+
+@contextlib.contextmanager
+def holding(path):
+    """A live process on this host holding the lock `path` until it is killed (so it never releases it)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline() == "None\n"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_lock_names_host_and_pid_and_is_released(tmp_path):
     path = tmp_path / "train.lock"
     assert lock.claim(path) is None
     owner = json.loads(path.read_text())
-    assert owner == {"host": socket.gethostname(), "pid": os.getpid(), "started": lock.process_start(os.getpid())}
-    assert "in use by" in lock.claim(path)  # held by a live process (this one)
+    assert owner == {"host": socket.gethostname(), "pid": os.getpid()}
+    assert "in use by" in lock.claim(path) and "in use by" in lock.refusal(path)  # held by a live process (this one)
     lock.release(path)
-    assert not path.exists()
+    assert not path.exists() and lock.refusal(path) is None
 
 
 @pytest.mark.parametrize(
@@ -41,32 +63,30 @@ def test_a_lock_names_host_pid_and_start_and_is_released(tmp_path):
         "{host}:{me}",  # an older lock naming this PID: another process wrote it
     ],
 )
-def test_a_lock_whose_holder_is_provably_gone_is_taken_over(tmp_path, content):
+def test_a_lock_no_live_process_holds_is_taken_over(tmp_path, content):
     path = tmp_path / "train.lock"
     path.write_text(content.format(host=socket.gethostname(), dead=dead_pid(), me=os.getpid()))
     assert lock.refusal(path) is None
     assert lock.claim(path) is None
     assert json.loads(path.read_text())["pid"] == os.getpid()
+    lock.release(path)
 
 
-def test_a_live_holder_on_this_host_is_refused(tmp_path):
+def test_a_live_holder_on_this_host_is_refused_naming_it_and_its_lock_is_free_once_it_is_killed(tmp_path):
     path = tmp_path / "train.lock"
-    other = subprocess.Popen(["sleep", "60"])
-    try:
-        path.write_text(
-            json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": lock.process_start(other.pid)})
-        )
-        assert (
-            lock.claim(path) == f"{tmp_path} is in use by {socket.gethostname()}:{other.pid} (its train.lock); "
-            "wait for it, or stop it first"
-        )
-        path.write_text(
-            f"{socket.gethostname()}:{other.pid}"
-        )  # an older lock: alive, start unknown, so not provably gone
-        assert "in use by" in lock.claim(path)
-    finally:
-        other.kill()
+    with holding(path) as other:
+        name = f"{socket.gethostname()}:{other.pid}"
+        said = f"{tmp_path} is in use by {name} (its train.lock); wait for it, or stop it first"
+        assert lock.claim(path) == said and lock.refusal(path) == said
+        with pytest.raises(lock.DirectoryInUse, match=f"in use by {name}"):
+            with lock.held(path):
+                pass
+        assert json.loads(path.read_text())["pid"] == other.pid  # the holder's line left as it was
+        other.kill()  # no release: its lock file stays, the kernel drops its lock
         other.wait()
+        assert path.exists() and lock.refusal(path) is None
+        assert lock.claim(path) is None and json.loads(path.read_text())["pid"] == os.getpid()
+    lock.release(path)
 
 
 @pytest.mark.parametrize(
@@ -139,16 +159,49 @@ def test_many_concurrent_claimers_of_one_lock_exactly_one_wins(tmp_path, stale):
         assert json.loads((tmp_path / directory / "train.lock").read_text())["pid"] == winners[0]
 
 
-def test_where_a_directory_cannot_be_flocked_a_guard_file_is(tmp_path, monkeypatch):
-    flock = lock.fcntl.flock
+def _hold(path, held, done):
+    assert lock.claim(path) is None
+    held.set()
+    done.wait(60)
+    lock.release(path)
 
-    def no_directories(fd, operation):  # as NFS, which emulates flock with fcntl locks (write access needed)
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # os.fork with JAX imported
+def test_where_a_directory_cannot_be_flocked_the_lock_file_is(tmp_path, monkeypatch):
+    def as_nfs(fd, operation):  # NFS emulates flock with fcntl locks: no directories, write access for an exclusive one
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             raise OSError(errno.EBADF, "Bad file descriptor")
-        return flock(fd, operation)
+        if operation & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return fcntl.flock(fd, operation)
 
-    monkeypatch.setattr(lock.fcntl, "flock", no_directories)
+    monkeypatch.setattr(portalocker.portalocker, "LOCKER", as_nfs)
     path = tmp_path / "train.lock"
-    assert lock.claim(path) is None and "in use by" in lock.claim(path)
+    context = multiprocessing.get_context("fork")
+    held, done = context.Event(), context.Event()
+    other = context.Process(target=_hold, args=(path, held, done))
+    other.start()
+    try:
+        assert held.wait(60)
+        said = f"{tmp_path} is in use by {socket.gethostname()}:{other.pid} (its train.lock)"
+        assert lock.claim(path).startswith(said) and lock.refusal(path).startswith(said)
+    finally:
+        done.set()
+        other.join(60)
+    assert other.exitcode == 0 and list(tmp_path.iterdir()) == [] and lock.refusal(path) is None
+    assert lock.claim(path) is None and lock.refusal(path).startswith(f"{tmp_path} is in use by")
     lock.release(path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [lock.GUARD_FILE]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_system_that_refuses_locks_is_one_error_naming_the_lock(tmp_path, monkeypatch):
+    def no_lock_service(fd, operation):  # NFS mounted without its lock service
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(portalocker.portalocker, "LOCKER", no_lock_service)
+    path = tmp_path / "train.lock"
+    for attempt in (lock.claim, lock.refusal):
+        path.write_text("")
+        with pytest.raises(OSError) as raised:
+            attempt(path)
+        assert user_errors.one_line(raised.value) == f"{path}: the file system cannot lock it (No locks available)"

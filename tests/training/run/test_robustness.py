@@ -62,9 +62,16 @@ def test_a_failed_start_on_an_existing_workdir_leaves_it_as_it_was(tmp_path):
 def test_a_second_run_on_a_workdir_in_use_refuses_naming_the_holder(tmp_path):
     workdir = tmp_path / "run"
     workdir.mkdir()
-    other = subprocess.Popen(["sleep", "60"])  # a live process on this host holds the workdir
+    hold = "import sys; from training.core import lock; print(lock.claim(sys.argv[1]), flush=True); sys.stdin.read()"
+    other = subprocess.Popen(  # a live process on this host holds the workdir
+        [sys.executable, "-c", hold, str(workdir / "train.lock")],
+        cwd=Path(__file__).resolve().parents[3],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        (workdir / "train.lock").write_text(f"{socket.gethostname()}:{other.pid}")
+        assert other.stdout.readline() == "None\n"
         with pytest.raises(RuntimeError, match=f"in use by {socket.gethostname()}:{other.pid}"):
             loop.train_and_evaluate(tiny_config(2), workdir)
     finally:
