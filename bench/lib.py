@@ -19,7 +19,6 @@ import io
 import json
 import logging
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -224,12 +223,6 @@ PEER_SIZES = {
 }
 TOY = dict(d_model=32, num_heads=2, num_layers=1, mlp_dim=64)  # PEER_SIZES["toy"] in our config's fields
 HLO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
-# An HLO instruction's result: `%name = f32[2,3]{1,0} op(...)` (ROOT or not; fusion parameters included).
-HLO_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT )?%(?P<name>[\w.-]+) = (?P<dtype>\w+)\[(?P<dims>[\d,]*)\]\S* "
-    r"(?P<op>[\w-]+)\((?P<args>[^)]*)\)(?P<attrs>.*)$"
-)
-HLO_DOT_DIMS = re.compile(r"(lhs_batch_dims|lhs_contracting_dims|rhs_batch_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 
 
 def matmul_flops_per_s(dtype, n=2048, reps=5, clock="wall") -> float:
@@ -255,23 +248,14 @@ def compiled_flops(lowered) -> float:
 
 
 def hlo_dots(hlo: str) -> list[tuple]:
-    """Every `dot` of an optimized HLO module (fused ones too), as (lhs shape, rhs shape, dtypes, dimension numbers)."""
-    shapes, dots = {}, []
-    for line in hlo.splitlines():
-        m = HLO_INSTRUCTION.match(line)
-        if not m:
-            continue
-        shape = tuple(int(d) for d in m["dims"].split(",") if d)
-        shapes[m["name"]] = (shape, m["dtype"])
-        if m["op"] == "dot":
-            lhs, rhs = (a.split()[-1].lstrip("%") for a in m["args"].split(","))
-            dims = {k: tuple(int(d) for d in v.split(",") if d) for k, v in HLO_DOT_DIMS.findall(m["attrs"])}
-            numbers = (
-                (dims.get("lhs_contracting_dims", ()), dims.get("rhs_contracting_dims", ())),
-                (dims.get("lhs_batch_dims", ()), dims.get("rhs_batch_dims", ())),
-            )
-            dots.append((shapes[lhs], shapes[rhs], m["dtype"], numbers))
-    return dots
+    """Every `dot` of an optimized HLO module (fused ones too), as (lhs shape, rhs shape, dtypes, dimension numbers);
+    `training.run.hlo` reads the text."""
+    from training.run.hlo import parse
+
+    return [
+        ((d.lhs.dims, d.lhs.dtype), (d.rhs.dims, d.rhs.dtype), d.result.dtype, d.dimension_numbers)
+        for d in parse(hlo).dots()
+    ]
 
 
 def dot_seconds(hlo: str, reps: int = 5, clock: str = "cpu") -> tuple[float, float, int]:

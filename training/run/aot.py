@@ -52,7 +52,8 @@ from training.data.batching import PACKING_FIELDS, Batch, eval_lengths
 from training.evaluation import dev as dev_lib
 from training.evaluation import translate
 from training.parallel import sharding, trainers
-from training.run.kernels import DTYPE_BYTES
+from training.run.hlo import collectives, parse as parse_hlo
+from training.run.hlo import counts as hlo_counts  # aot.hlo_counts, as bench/aot.py names it
 
 GIB = 2**30
 LIBTPU_ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
@@ -416,6 +417,8 @@ def program_report(
     mem = {f.removesuffix("_size_in_bytes"): int(getattr(memory, f)) for f in fields}
     mem["needed"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["generated_code"]
     hlo = compiled.as_text()
+    module = parse_hlo(hlo)
+    found = collectives(module)
     return {
         "target": target.name,
         **extra,
@@ -423,9 +426,9 @@ def program_report(
         "hbm_gib": target.chip.hbm_gib,
         "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB),
         "flops": compiled.flops,
-        "collectives": {op: n for op, (n, _) in collectives(hlo).items()},
-        "collective_bytes": {op: b for op, (_, b) in collectives(hlo).items()},
-        **hlo_counts(hlo),
+        "collectives": {op: n for op, (n, _) in found.items()},
+        "collective_bytes": {op: b for op, (_, b) in found.items()},
+        **hlo_counts(module),
         "lower_s": lower_s,
         "compile_s": compile_s,
         **({"hlo": hlo} if keep_hlo else {}),
@@ -443,51 +446,6 @@ def refusal(program: str, report: dict) -> str | None:
         return None
     chip = report["target"].split(":")[1]
     return f"{PROGRAM_NAMES.get(program, program)} needs {needed:.1f} GiB a device; a {chip} has {report['hbm_gib']:g}"
-
-
-# --- the compiled HLO's text -----------------------------------------------------------------------------
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-# `%name = <result type> op(`; async pairs count once, at their -start (whose result tuple also holds the operand)
-_OP = re.compile(r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>[\w.\-]+) .*\{\s*$")
-_FUSION = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+fusion\(.*?calls=%(?P<body>[\w.\-]+)")
-_CUSTOM_CALL = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+custom-call\(")
-# an instruction XLA's rematerialisation cloned to recompute a value instead of keeping it (HloInstruction::Clone's
-# "remat" suffix: %fusion.3.remat, %bitcast.remat.12, %fusion.remat2)
-_REMAT = re.compile(r"^\s*(?:ROOT )?%[\w.\-]*?\.remat\d*(?:\.\d+)?\s*=", re.M)
-
-
-def collectives(hlo: str) -> dict[str, tuple[int, int]]:
-    """{op: (count, result bytes a device)} over a compiled module's text."""
-    found = {op: [0, 0] for op in COLLECTIVES}
-    for match in _OP.finditer(hlo):
-        nbytes = sum(
-            DTYPE_BYTES.get(m["dtype"], 4) * int(np.prod([int(d) for d in m["dims"].split(",") if d]))
-            for m in _SHAPE.finditer(match["type"])
-        )
-        found[match["op"]][0] += 1
-        found[match["op"]][1] += nbytes
-    return {op: tuple(v) for op, v in found.items()}
-
-
-def hlo_counts(hlo: str) -> dict[str, int]:
-    """{"fusions": kernels made of fused ops, "custom_calls": ..., "rematerialized": instructions XLA cloned to
-    recompute a value rather than hold it} in a compiled module's text; fusions nested inside another fusion's
-    body are not counted (they are part of its kernel)."""
-    bodies, fusions, current = set(), {}, None
-    for line in hlo.splitlines():
-        if (match := _COMPUTATION.match(line)) is not None:
-            current = match["name"]
-        elif current is not None and (match := _FUSION.search(line)) is not None:
-            bodies.add(match["body"])
-            fusions[current] = fusions.get(current, 0) + 1
-    return {
-        "fusions": sum(n for name, n in fusions.items() if name not in bodies),
-        "custom_calls": len(_CUSTOM_CALL.findall(hlo)),
-        "rematerialized": len(_REMAT.findall(hlo)),
-    }
 
 
 # --- the largest batch a device holds ----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A compiled GPU program's kernels, read from its optimised HLO text: how many, of which kind, and a roofline.
+"""A compiled GPU program's kernels, read from its optimised HLO text (`training.run.hlo`): how many, of which kind,
+and a roofline.
 
 XLA's GPU compiler launches one kernel for each instruction of the entry computation (and of the
 loop bodies it calls) that does work: a fusion, a custom call (cuBLAS, cuDNN), a copy, a
@@ -15,31 +16,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import re
 
-# bytes an element, by HLO type name
-DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s4": 1,
-    "u4": 1,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-    "bf16": 2,
-    "f16": 2,
-    "s16": 2,
-    "u16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "f64": 8,
-    "s64": 8,
-    "u64": 8,
-    "c64": 8,
-    "c128": 16,
-}
+from training.run import hlo as hlo_lib
+from training.run.hlo import COLLECTIVES, Dot, Instruction, Module
+
 # xla.PrimitiveType numbers, as the target config keys its matrix-unit rates
 PRIMITIVE_TYPES = {"s8": 2, "f16": 10, "f32": 11, "f64": 12, "bf16": 16}
 # instructions that launch no kernel (while / call / conditional: their bodies' instructions are counted instead)
@@ -66,23 +47,6 @@ NO_KERNEL = {
     "send-done",
     "recv-done",
 }
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-
-_HEADER = re.compile(r"^(?:ENTRY )?%(?P<name>[\w.\-]+) \(.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = ")
-_SHAPE = re.compile(r"(?P<dtype>[a-z]+\d*(?:e\d+m\d+\w*)?)\[(?P<dims>[\d,]*)\]")
-_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
-_CALLED = re.compile(r"\b(?:calls|body|condition|to_apply|true_computation|false_computation)=%(?P<name>[\w.\-]+)")
-
-
-@dataclasses.dataclass(frozen=True)
-class Instruction:
-    name: str
-    type: str  # result type text: "bf16[8,64]{1,0}" or a tuple "(f32[8]{0}, ...)"
-    opcode: str
-    operands: tuple[str, ...]
-    attributes: str
-    computation: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,103 +71,37 @@ class Rates:
         return cls(bandwidth, {name: rates[number] for name, number in PRIMITIVE_TYPES.items() if number in rates})
 
 
-def parse(hlo: str) -> dict[str, list[Instruction]]:
-    """{computation name: its instructions in order}; the entry computation is also under "ENTRY"."""
-    computations, current, entry = {}, None, None
-    for line in hlo.splitlines():
-        if (header := _HEADER.match(line)) is not None:
-            current = header["name"]
-            computations[current] = []
-            entry = current if line.startswith("ENTRY") else entry
-            continue
-        if current is None or (match := _INSTRUCTION.match(line)) is None:
-            continue
-        rest = line[match.end() :]
-        type_text, rest = _split_type(rest)
-        opcode, _, rest = rest.partition("(")
-        operand_text, attributes = _split_parenthesised(rest)
-        operands = tuple(re.findall(r"%([\w.\-]+)", operand_text))
-        computations[current].append(
-            Instruction(match["name"], type_text, opcode.strip(), operands, attributes, current)
-        )
-    if entry is not None:
-        computations["ENTRY"] = computations[entry]
-    return computations
-
-
-def _split_type(text: str) -> tuple[str, str]:
-    """('(f32[2]{0}, bf16[3]{0})', 'fusion(...) ...') from the text after '= '."""
-    if not text.startswith("("):
-        type_text, _, rest = text.partition(" ")
-        return type_text, rest
-    depth = 0
-    for i, char in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0:
-            return text[: i + 1], text[i + 1 :].lstrip()
-    return text, ""
-
-
-def _split_parenthesised(text: str) -> tuple[str, str]:
-    """(the operand list, the attributes after it) from the text after an opcode's '('."""
-    depth = 1
-    for i, char in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0:
-            return text[:i], text[i + 1 :]
-    return text, ""
-
-
-def nbytes(type_text: str) -> int:
-    """Bytes of a result type (a tuple's members summed)."""
-    return sum(
-        DTYPE_BYTES.get(m["dtype"], 4) * math.prod(int(d) for d in m["dims"].split(",") if d)
-        for m in _SHAPE.finditer(type_text)
-    )
-
-
-def _dims(type_text: str) -> tuple[str, list[int]]:
-    match = _SHAPE.search(type_text)
-    return match["dtype"], [int(d) for d in match["dims"].split(",") if d]
-
-
-def kernels(computations: dict[str, list[Instruction]]) -> list[Instruction]:
+def kernels(module: Module) -> list[Instruction]:
     """The instructions that launch a kernel: the entry computation's and those of the loops, calls and branches
     it reaches (not fusion bodies, reducers or other computations called from inside a kernel; every branch of a
     conditional is counted, as if each ran)."""
-    out, queue, seen = [], ["ENTRY"], set()
+    out, queue, seen = [], [module.entry], set()
     while queue:
         name = queue.pop()
-        if name in seen or name not in computations:
+        if name in seen or name not in module.computations:
             continue
         seen.add(name)
-        for instruction in computations[name]:
+        for instruction in module.computations[name]:
             if instruction.opcode in ("while", "call", "conditional"):
-                queue += _CALLED.findall(instruction.attributes)
-                for branches in _BRANCHES.findall(instruction.attributes):
-                    queue += re.findall(r"%([\w.\-]+)", branches)
+                queue += instruction.called
             elif instruction.opcode not in NO_KERNEL:
                 out.append(instruction)
     return out
 
 
-def dots(computations: dict[str, list[Instruction]], name: str, types: dict[str, str]) -> list[tuple[str, str, float]]:
-    """[(lhs dtype, rhs dtype, FLOPs)] of the dots in computation `name` and the fusions nested in it."""
+def dots(module: Module, name: str) -> list[Dot]:
+    """The dots in computation `name` and the fusions nested in it."""
     found = []
-    for instruction in computations.get(name, ()):
+    for instruction in module.computations.get(name, ()):
         if instruction.opcode == "dot":
-            lhs_dtype, lhs_dims = _dims(types[instruction.operands[0]])
-            rhs_dtype, _ = _dims(types[instruction.operands[1]])
-            contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instruction.attributes)[1]
-            size = math.prod(lhs_dims[int(d)] for d in contracting.split(",") if d)
-            found.append((lhs_dtype, rhs_dtype, 2.0 * math.prod(_dims(instruction.type)[1]) * size))
-        for called in _CALLED.findall(instruction.attributes):
+            found.append(module.dot(instruction))
+        for called in instruction.called:
             if called != name:
-                found += dots(computations, called, types)
+                found += dots(module, called)
     return found
 
 
-def kind(instruction: Instruction, computations: dict[str, list[Instruction]], has_dot: bool) -> str:
+def kind(instruction: Instruction, module: Module, has_dot: bool) -> str:
     """A kernel's kind: matmul, reduction, elementwise (loop), copy/transpose, collective, custom call, or its
     opcode."""
     opcode = instruction.opcode.removesuffix("-start")
@@ -217,8 +115,8 @@ def kind(instruction: Instruction, computations: dict[str, list[Instruction]], h
         return "copy/transpose"
     if opcode != "fusion":
         return opcode
-    called = _CALLED.search(instruction.attributes)
-    body = computations.get(called["name"], []) if called else []
+    called = instruction.called
+    body = module.computations.get(called[0], []) if called else []
     if "kind=kInput" in instruction.attributes or any(i.opcode in ("reduce", "reduce-window") for i in body):
         return "reduction"
     if body and all(i.opcode in ("parameter", "copy", "transpose", "bitcast", "tuple") for i in body):
@@ -229,22 +127,22 @@ def kind(instruction: Instruction, computations: dict[str, list[Instruction]], h
 def profile(hlo: str, rates: Rates) -> dict:
     """The compiled module's kernels: their count, count and estimated microseconds by kind, dots by operand types,
     bytes, FLOPs and the roofline estimate in all (microseconds)."""
-    computations = parse(hlo)
-    types = {i.name: i.type for instructions in computations.values() for i in instructions}
+    module = hlo_lib.parse(hlo)
     by_kind, micros, dot_types = collections.Counter(), collections.Counter(), collections.Counter()
     total_bytes = total_flops = total_us = 0.0
-    launched = kernels(computations)
+    launched = kernels(module)
     for instruction in launched:
-        called = _CALLED.findall(instruction.attributes)
-        found = [d for name in called for d in dots(computations, name, types)]
-        moved = nbytes(instruction.type) + sum(nbytes(types.get(o, "")) for o in instruction.operands)
-        flops = sum(f for _, _, f in found)
-        compute = sum(f / rates.matrix_flops.get(lhs, rates.matrix_flops["f32"]) for lhs, _, f in found)
+        found = [d for name in instruction.called for d in dots(module, name)]
+        moved = hlo_lib.nbytes(instruction.type) + sum(
+            hlo_lib.nbytes(module.types.get(o, "")) for o in instruction.operands
+        )
+        flops = sum(d.flops for d in found)
+        compute = sum(d.flops / rates.matrix_flops.get(d.lhs.dtype, rates.matrix_flops["f32"]) for d in found)
         seconds = max(moved / rates.bandwidth, compute)
-        label = kind(instruction, computations, bool(found))
+        label = kind(instruction, module, bool(found))
         by_kind[label] += 1
         micros[label] += seconds * 1e6
-        dot_types.update(f"{lhs} x {rhs}" for lhs, rhs, _ in found)
+        dot_types.update(f"{d.lhs.dtype} x {d.rhs.dtype}" for d in found)
         total_bytes, total_flops, total_us = total_bytes + moved, total_flops + flops, total_us + seconds * 1e6
     return {
         "kernels": len(launched),

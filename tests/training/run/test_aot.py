@@ -165,6 +165,20 @@ ENTRY %main (a: f32[4]) -> f32[4] {
     assert aot.collectives(hlo)["all-reduce"] == (1, 16 + 12)
 
 
+def test_collective_bytes_of_eight_bit_floats_are_one_byte_an_element():
+    """An all-reduce of f8e4m3fn [32, 32] and an all-gather of f8e5m2 [16] move 1024 and 16 bytes."""
+    hlo = """ENTRY %main (a: f8e4m3fn[32,32], b: f8e5m2[8]) -> (f8e4m3fn[32,32], f8e5m2[16]) {
+  %a = f8e4m3fn[32,32]{1,0} parameter(0)
+  %b = f8e5m2[8]{0} parameter(1)
+  %ar = f8e4m3fn[32,32]{1,0} all-reduce(%a), replica_groups={{0,1}}, to_apply=%add
+  %ag = f8e5m2[16]{0} all-gather(%b), replica_groups={{0,1}}, dimensions={0}
+  ROOT %out = (f8e4m3fn[32,32]{1,0}, f8e5m2[16]{0}) tuple(%ar, %ag)
+}
+"""
+    found = aot.collectives(hlo)
+    assert found["all-reduce"] == (1, 32 * 32) and found["all-gather"] == (1, 16)
+
+
 def _fake_compile(needed_of, remat_of=lambda rows: 0):
     """A compile function whose train step needs `needed_of(rows)` bytes (None: XLA refuses it) and rematerialises
     `remat_of(rows)` instructions, and its calls."""
