@@ -198,6 +198,7 @@ def markdown(
             "",
         ]
     lines += [
+        tables.PRIMARY,
         "| " + " | ".join(TITLES) + " |",
         "|---:|---|---|---|" + "---:|" * (len(TITLES) - 5) + "---|",
     ]
@@ -243,6 +244,7 @@ def _sensitivity_lines(design: dict[str, dict[int, float]], spec: dict, primary:
             df=(len(design) - 1) * (blocks - 1),
         ),
         "",
+        tables.SENSITIVITY,
         "| " + " | ".join(SENSITIVITY_TITLES) + " |",
         "|---:|---|" + "---:|" * (len(SENSITIVITY_TITLES) - 2),
     ]

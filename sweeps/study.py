@@ -100,6 +100,7 @@ def study_markdown(results_dir: Path, study: Sequence[Comparison], title: str) -
     n = len(study)
     lines = [
         f"# {title}: every comparison, one Holm family over {n}\n",
+        tables.PRIMARY,
         "| sweep | from → to | seeds | test BLEU (from → to) | " + " | ".join(tables.COMPARISON_TITLES) + " |",
         "|---|---|---:|---:|" + "---:|" * (len(tables.COMPARISON_TITLES) - 1) + "---|",
     ]

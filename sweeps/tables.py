@@ -131,6 +131,15 @@ READING_END = (
 )
 
 
+# Each comparison table carries one of these markers on the line above its header, so that a reading can be checked
+# against where its figures come from: verdict words (lower, higher, equivalent) belong to the primary analysis
+# alone (tests/test_readings.py). Secondary and sensitivity tables give no verdicts.
+PRIMARY = "<!-- analysis: primary (verdicts) -->"
+SECONDARY = "<!-- analysis: secondary (no verdicts) -->"
+SENSITIVITY = "<!-- analysis: sensitivity (no verdicts) -->"
+NO_VERDICT = "secondary: no verdict"  # the verdict cell of a secondary table
+
+
 def kept_reading(path: Path) -> str:
     """The written reading at the top of the sweep table `path`, up to and with `READING_END` ("" where the file
     or the line is absent): collect keeps it, so that a reading and the tables it reads from stay one page."""
@@ -163,9 +172,9 @@ def collect_one(sweep_dir: Path, results_dir: Path) -> list[Path]:
         kept_reading(paths[0])
         + (fill("registered_link", file=registered.name) + "\n\n" if registered.exists() else "")
         + seed_markdown(results, spec, primary=not registered.exists())
-        + contrasts_markdown(results, spec)
+        + contrasts_markdown(results, spec, primary=not registered.exists())
         + batches_markdown(results, spec)
-        + sweep_sensitivity_markdown(results, spec)
+        + sweep_sensitivity_markdown(results, spec, primary=not registered.exists())
         + per_seed_markdown(results, spec)
         + "\n## Means over seeds\n\n"
         + markdown(rows, spec)
@@ -220,7 +229,15 @@ def signed_cell(x: float, fmt: str = ".2f") -> str:
     return "–" if math.isnan(x) else f"{x:+{fmt}}"
 
 
-def comparison_cells(c: significance.SeedComparison) -> list[str]:
+def verdict_cell(c: significance.SeedComparison, primary: bool = True) -> str:
+    """A comparison's verdict as a table prints it (bold where it is a difference); `NO_VERDICT` where the table is
+    not the primary analysis."""
+    if not primary:
+        return NO_VERDICT
+    return f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict
+
+
+def comparison_cells(c: significance.SeedComparison, primary: bool = True) -> list[str]:
     ci = "–" if math.isnan(c.ci_low) else f"[{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
     return [
         signed_cell(c.difference),
@@ -230,7 +247,7 @@ def comparison_cells(c: significance.SeedComparison) -> list[str]:
         p_cell(c.p_holm),
         p_cell(c.tost_p_holm),
         "–" if math.isnan(c.mdd) else f"{c.mdd:.2f}",
-        f"**{c.verdict}**" if c.verdict in ("lower", "higher") else c.verdict,
+        verdict_cell(c, primary),
     ]
 
 
@@ -273,7 +290,7 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
     """The primary table: each value's test BLEU against the reference's, seeds as the unit of replication
     (significance.table_comparisons: Welch, Hedges' g, Holm over the table, TOST), with the scored steps;
     a value of the sweep with no finished seed reads "not run yet". Not `primary` where a registered
-    analysis is (`sweeps.registered`): its title says so."""
+    analysis is (`sweeps.registered`): its title says so, and it gives no verdicts."""
     key, reference = spec["key"], spec["reference"]
     bleu = bleu_by_value(results)
     if reference not in bleu:
@@ -287,6 +304,7 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
     lines = [
         f"## Test BLEU against {key} = {reference}, over seeds "
         + ("(the primary result)\n" if primary else "(secondary: the registered analysis above is primary)\n"),
+        PRIMARY if primary else SECONDARY,
         "| " + " | ".join(titles) + " |",
         "|---|---:|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|---|" + ("---:|" if paper else ""),
     ]
@@ -299,7 +317,7 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
         cells += (
             ["reference"] + [""] * (len(COMPARISON_TITLES) - 1)
             if value == reference
-            else comparison_cells(compared[value])
+            else comparison_cells(compared[value], primary)
         )
         cells.append(_steps(runs))
         if paper:
@@ -307,9 +325,11 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
             cells.append(f"{ours[1] - theirs[1]:+.1f}" if ours and theirs and value != reference else "–")
         lines.append("| " + " | ".join(cells) + " |")
     holm_m = significance.family_size([c.p for c in compared.values()], len(spec["values"]) - 1)
-    lines.append("\n" + verdict_line(key, compared))
+    if primary:
+        lines.append("\n" + verdict_line(key, compared))
     note = fill(
         "seed_table",
+        verdicts=fill("verdict_rule", margin=f"{significance.MARGIN:g}") if primary else fill("no_verdicts"),
         test_split=spec.get("test_split") or "the test split",
         holm_m=holm_m,
         comparisons="comparison" if holm_m == 1 else "comparisons",
@@ -331,9 +351,10 @@ def verdict_line(key: str, compared: dict) -> str:
     )
 
 
-def contrasts_markdown(results: list[dict], spec: dict) -> str:
+def contrasts_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
     """The sweep's named comparisons between two of its values (spec "contrasts": [label, from, to]), seed level,
-    Holm over them; a side without finished seeds reads "not run yet"."""
+    Holm over them; a side without finished seeds reads "not run yet". Not `primary` (no verdicts) where a
+    registered analysis is."""
     contrasts = spec.get("contrasts") or []
     if not contrasts:
         return ""
@@ -344,7 +365,8 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
     )
     titles = ["comparison", "from → to", "seeds", *COMPARISON_TITLES]
     lines = [
-        "## The decomposition: one change at a time\n",
+        "## The decomposition: one change at a time" + ("" if primary else " (secondary: no verdicts)") + "\n",
+        PRIMARY if primary else SECONDARY,
         "| " + " | ".join(titles) + " |",
         "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|",
     ]
@@ -355,7 +377,7 @@ def contrasts_markdown(results: list[dict], spec: dict) -> str:
             continue
         lines.append(
             f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | "
-            + " | ".join(comparison_cells(tests[label]))
+            + " | ".join(comparison_cells(tests[label], primary))
             + " |"
         )
     family = significance.family_size([c.p for c in tests.values()], len(contrasts))
@@ -457,12 +479,13 @@ def sensitivity_table(
     family: int,
     primary: dict[str, significance.SeedComparison],
     letters: dict[str, str],
+    welch_title: str = SENSITIVITY_TITLES[-1],
 ) -> list[str]:
     """The markdown lines of one family's sensitivity table. `comparisons`: label -> (from, to), two keys of
     `groups` (each a point's runs); a comparison a side of which has no scored seed is left out (the primary
     table says "not run yet"). Each row: its seeds' batches, whether it crosses batches, seeds as blocks
     (`significance.paired_seeds`) and one variance pooled over every group (`significance.pooled_contrasts`),
-    both Holm-adjusted over `family`, and `primary`'s Holm p beside them."""
+    both Holm-adjusted over `family`, and `primary`'s Holm p beside them (its column titled `welch_title`)."""
     seeds = {k: {r["seed"]: r["test_bleu"] for r in runs if "test_bleu" in r} for k, runs in groups.items()}
     seeds = {k: by_seed for k, by_seed in seeds.items() if by_seed}
     ready = {label: pair for label, pair in comparisons.items() if all(side in seeds for side in pair)}
@@ -473,7 +496,8 @@ def sensitivity_table(
         significance.pooled_contrasts({k: list(s.values()) for k, s in seeds.items()}, ready), family
     )
     lines = [
-        "| comparison | " + " | ".join(SENSITIVITY_TITLES) + " |",
+        SENSITIVITY,
+        "| comparison | " + " | ".join([*SENSITIVITY_TITLES[:-1], welch_title]) + " |",
         "|---|---|---|---:|" + "---:|" * (len(SENSITIVITY_TITLES) - 3),
     ]
     for label, (start, to) in ready.items():
@@ -536,23 +560,25 @@ def batch_summary(comparisons: dict[str, tuple], groups: dict[object, list[dict]
     return fill("batch_summary", within="; ".join(split[False]) or "none", crossing="; ".join(split[True]) or "none")
 
 
-def sweep_sensitivity_markdown(results: list[dict], spec: dict) -> str:
-    """The sensitivity analyses (`sensitivity_table`) of the sweep's primary family and of its contrasts, with
-    one variance pooled over all of the sweep's points; "" before the reference has a seed."""
-    primary = reference_comparisons(results, spec)
-    if not primary:
+def sweep_sensitivity_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
+    """The sensitivity analyses (`sensitivity_table`) of the sweep's Welch family and of its contrasts, with
+    one variance pooled over all of the sweep's points; "" before the reference has a seed. Not `primary` where a
+    registered analysis is: the Welch column is then titled as the secondary one."""
+    welch = reference_comparisons(results, spec)
+    if not welch:
         return ""
+    title = SENSITIVITY_TITLES[-1] if primary else "secondary: p, Holm (Welch)"
     key, reference = spec["key"], spec["reference"]
     groups = {v: [r for r in results if r["value"] == v] for v in spec["values"]}
     groups = {v: runs for v, runs in groups.items() if runs}
     letters = batch_letters(results)
     label = {v: f"{key} = {reference} → {v}" for v in spec["values"] if v != reference}
     comparisons = {label[v]: (reference, v) for v in label}
-    family = significance.family_size([c.p for c in primary.values()], len(label))
+    family = significance.family_size([c.p for c in welch.values()], len(label))
     lines = [
         "## Sensitivity (no verdicts): seeds as blocks, one pooled variance\n",
         f"Against {key} = {reference}:\n",
-        *sensitivity_table(comparisons, groups, family, {label[v]: c for v, c in primary.items()}, letters),
+        *sensitivity_table(comparisons, groups, family, {label[v]: c for v, c in welch.items()}, letters, title),
     ]
     contrasts = {name: (a, b) for name, a, b in spec.get("contrasts") or []}
     if contrasts:
@@ -565,9 +591,18 @@ def sweep_sensitivity_markdown(results: list[dict], spec: dict) -> str:
             },
             len(contrasts),
         )
-        lines += ["", "The decomposition:\n", *sensitivity_table(contrasts, groups, len(contrasts), tests, letters)]
+        lines += [
+            "",
+            "The decomposition:\n",
+            *sensitivity_table(contrasts, groups, len(contrasts), tests, letters, title),
+        ]
     lines.append(
-        "\n" + sensitivity_text("the same family as the primary table's", sum(map(len, groups.values())), len(groups))
+        "\n"
+        + sensitivity_text(
+            "the same family as the " + ("primary" if primary else "secondary (Welch)") + " table's",
+            sum(map(len, groups.values())),
+            len(groups),
+        )
     )
     lines.append("\n" + batch_summary(comparisons | contrasts, groups) + "\n")
     return "\n".join(lines) + "\n"

@@ -77,7 +77,10 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     assert table.startswith("## Test BLEU against h = 8, over seeds (the primary result)\n")
     secondary = tables.seed_markdown(results, spec, primary=False)  # beside a registered analysis
     assert secondary.startswith("## Test BLEU against h = 8, over seeds (secondary: the registered analysis above")
-    header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    # the secondary table gives no verdict (the registered analysis does), and its marker says which it is
+    assert table.splitlines()[2] == tables.PRIMARY and secondary.splitlines()[2] == tables.SECONDARY
+    assert {cells_of(secondary)[v][9] for v in ("1", "16")} == {tables.NO_VERDICT} and "**Reading.**" not in secondary
+    header = [c.strip() for c in table.splitlines()[3].strip("|").split("|")]
     assert header[:7] == [
         "h",
         "seeds",
@@ -99,7 +102,7 @@ def test_the_seed_level_table_leads_with_difference_ci_effect_holm_equivalence_a
     assert tables.seed_markdown(results[:3], spec) == ""  # no reference seeds yet
     assert header[-2] == "scored steps (seed 0 / 1 / ...)"
     fresh = tables.seed_markdown([{**r, "seed": r["seed"] + 10} for r in results], spec)  # seeds 10-12
-    assert "| scored steps (seed 10 / 11 / ...) |" in fresh.splitlines()[2]
+    assert "| scored steps (seed 10 / 11 / ...) |" in fresh.splitlines()[3]
 
 
 def test_contrasts_get_their_own_table_and_missing_points_read_not_run_yet():
@@ -129,6 +132,8 @@ def test_contrasts_get_their_own_table_and_missing_points_read_not_run_yet():
         and ready[5] == ready[6] == "< 0.001"
         and ready[-1] == "**lower**"
     )
+    secondary = tables.contrasts_markdown(results, spec, primary=False)  # beside a registered analysis
+    assert cells_of(secondary)["all of rows A's step"][-1] == tables.NO_VERDICT and tables.SECONDARY in secondary
     assert tables.contrasts_markdown(results, {**spec, "contrasts": []}) == ""
     seeds = cells_of(tables.seed_markdown(results, spec))
     assert seeds["h8_dk8"][:2] == ["0", "not run yet"] and seeds["h32_dk16"][:2] == ["0", "not run yet"]
@@ -322,7 +327,7 @@ def test_sensitivity_of_contrasts_is_its_own_family_and_one_batch_reads_no():
 def test_the_detectable_difference_names_its_holm_level():
     results, spec = sensitivity_fixture()
     table = tables.seed_markdown(results, spec)
-    assert "detectable difference (80 % power at Holm's α / m)" in table.splitlines()[2]
+    assert "detectable difference (80 % power at Holm's α / m)" in table.splitlines()[3]
     assert "a two-sided t test at 0.05 / 3 = 0.0167 (Holm's strictest step over this table's comparisons)" in table
     compared = tables.reference_comparisons(results, spec)
     assert (
