@@ -6,25 +6,31 @@ python analyze.py roles --workdir runs/default [--examples 500]
 python analyze.py importance --workdir runs/default [--examples 500]
 python analyze.py prune --workdir runs/default [--kinds encoder_self]   # -> pruning[_KINDS].{csv,png}
 python analyze.py uptrain --workdir runs/default --num_kv_heads 2 --fraction 0.05
+
+absl's logging flags (-v 1, --verbosity 1) go with any subcommand: the libraries' INFO messages (JAX, orbax) too.
 """
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
+from absl import app, flags
+from absl.flags import argparse_flags
+
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
-from training.core import compile_cache, errors
+from training.core import compile_cache, errors, logs
 from training.data import corpus
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse_flags.ArgumentParser:
+    """The subcommands and their flags (absl's own, e.g. --verbosity, are accepted beside them, hidden in --help)."""
+    parser = argparse_flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def command(name, help, examples):
+    def command(name, handler, help, examples):
         sub = commands.add_parser(name, help=help)
+        sub.set_defaults(handler=handler)
         sub.add_argument("--workdir", required=True, help="a train.py workdir")
         sub.add_argument("--split", default="val", help="the split the sentences come from")
         sub.add_argument(
@@ -39,12 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return sub
 
-    sub = command("maps", "attention heatmaps for one sentence", 0)
+    sub = command("maps", maps_command, "attention heatmaps for one sentence", 0)
     sub.add_argument("--sentence", help="a source sentence (else --index of --split)")
     sub.add_argument("--index", type=int, default=0, help="sentence index in --split when --sentence is not given")
-    command("roles", "per-head positional / anchor / diagonal statistics and role labels", 500)
-    command("importance", "Michel et al. head importance through the head_mask gates", 500)
-    sub = command("prune", "BLEU and loss as heads are pruned by importance, at random and in reverse", 500)
+    command("roles", roles_command, "per-head positional / anchor / diagonal statistics and role labels", 500)
+    command("importance", importance_command, "Michel et al. head importance through the head_mask gates", 500)
+    sub = command(
+        "prune", prune_command, "BLEU and loss as heads are pruned by importance, at random and in reverse", 500
+    )
     sub.add_argument(
         "--eval_examples",
         type=int,
@@ -63,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--test_fraction", type=float, default=0.5, help="the fraction of heads pruned for --test_split")
     sub.add_argument("--test_examples", type=int, default=0, help="first N sentences of --test_split (0: all)")
-    sub = command("uptrain", "MHA -> GQA/MQA conversion and uptraining, before/after table", 500)
+    sub = command("uptrain", uptrain_command, "MHA -> GQA/MQA conversion and uptraining, before/after table", 500)
     sub.add_argument("--num_kv_heads", type=int, required=True)
     sub.add_argument(
         "--fraction", type=float, default=0.05, help="uptraining steps as a fraction of the checkpoint's steps"
@@ -75,13 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """absl's flags_parser: the subcommand and its flags from `argv` (the program's name first)."""
+    return build_parser().parse_args(argv[1:])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """analyze.py in this process, `argv` its arguments without the program's name (None: sys.argv's)."""
+    run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> None:
+    """The subcommand `args` names, after its flags are checked and the workdir is found writable and loaded."""
     check_arguments(args)
-    # progress: the training loop, pruning steps
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    for noisy in ("absl", "jax", "orbax"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # progress at INFO (the training loop, pruning steps); the libraries' INFO only with -v 1
+    logs.configure(verbose=flags.FLAGS.verbosity >= 1, main_process=True)
 
     out_parent = (
         next(p for p in (Path(args.workdir) / "analysis", Path(args.workdir)) if p.exists())
@@ -98,7 +114,7 @@ def main(argv=None):
         if getattr(args, flag, ""):
             corpus.check_split(run.config, getattr(args, flag), f"--{flag}")
     print(f"analyze.py: step {run.step} ({run.checkpoint})", file=sys.stderr, flush=True)
-    COMMANDS[args.command](args, run, run.out_dir)
+    args.handler(args, run, run.out_dir)
 
 
 def maps_command(args, run, out: Path) -> None:
@@ -180,14 +196,6 @@ def uptrain_command(args, run, out: Path) -> None:
     print((out / f"{name}.md").read_text())
 
 
-COMMANDS = {
-    "maps": maps_command,
-    "roles": roles_command,
-    "importance": importance_command,
-    "prune": prune_command,
-    "uptrain": uptrain_command,
-}
-
 # Each numeric flag's lowest value (a subcommand without the flag skips it) and what it means.
 AT_LEAST = {
     "examples": (0, "0: all"),
@@ -215,4 +223,4 @@ def check_arguments(args) -> None:
 
 
 if __name__ == "__main__":
-    errors.run_reporting_user_errors("analyze.py", main)
+    errors.run_reporting_user_errors("analyze.py", lambda: app.run(run_command, flags_parser=parse_arguments))
