@@ -18,7 +18,7 @@ from absl import logging
 from training import config as config_lib
 from training.core import files, precision, provenance, step as step_lib
 from training.core.lock import claim, release
-from training.data import tokenizer
+from training.data import prepared
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
@@ -84,6 +84,8 @@ def run_point(
             "seed": point.seed,
             **measure(run_dir, module.SWEEP_TEST_SPLIT),
             **commit,
+            # the prepared training data it read (training.data.prepared): its manifest, by hash
+            "prepared_manifest_sha256": json.loads((run_dir / loop.PREPARED_FILE).read_text())["manifest_sha256"],
         }
         if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():
             references = load_corpus(config, module.SWEEP_TEST_SPLIT).tgt
@@ -101,10 +103,10 @@ def shared_vocabulary(config, out: Path) -> Path:
     path = out / store.VOCABULARY_FILE
     if not path.exists():
         config_lib.validate(config)
-        train = load_corpus(config, config.data.train_split)
         out.mkdir(parents=True, exist_ok=True)
-        # Atomic: two points starting together both train it, identically, and neither reads half a file.
-        files.write_atomic(path, tokenizer.train(train.src + train.tgt, config.data.vocab_size, seed=0))
+        # Atomic: two points starting together both write it, identically, and neither reads half a file. The whole
+        # split (no data.train_limit), as every committed sweep's; trained once in the prepared-data cache.
+        files.write_atomic(path, prepared.vocabulary(config, seed=0, limit=0))
     return path
 
 

@@ -15,10 +15,10 @@ files skips the finished points and trains the rest with the same vocabulary.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from training.core import files
+from training.core.provenance import git_commit  # noqa: F401  (re-exported: the sweeps' name for it)
 
 RESULT_FILE = "result.json"
 SPEC_FILE = "sweep.json"
@@ -97,16 +97,3 @@ def load_results(sweep_dir: Path, spec: dict) -> list[dict]:
             if path.exists():
                 results.append(json.loads(path.read_text()))
     return results
-
-
-def git_commit() -> dict:
-    """The commit this code runs on, and whether its tracked files differ from it ({} outside a git checkout)."""
-
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
-
-    head = git("rev-parse", "HEAD")
-    if head.returncode != 0:
-        return {}
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
-    return {"commit": head.stdout.strip(), "dirty": dirty}

@@ -38,3 +38,5 @@ jax.config.update("jax_compilation_cache_dir", SESSION_CACHE)
 # theirs). A test about the user's default unsets it for its subprocess.
 os.environ["JAX_COMPILATION_CACHE_DIR"] = SESSION_CACHE
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+# Prepared training data (training.data.prepared) likewise goes to the session's own cache, never the user's.
+os.environ["HEADCOUNT_PREPARED"] = tempfile.mkdtemp(prefix="headcount-prepared-")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -62,3 +63,16 @@ def describe(env: dict | None = None) -> str:
 
 def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def git_commit() -> dict:
+    """The commit this code runs on, and whether its tracked files differ from it ({} outside a git checkout)."""
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=LOCK.parent, capture_output=True, text=True, timeout=30)
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return {}
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
+    return {"commit": head.stdout.strip(), "dirty": dirty}

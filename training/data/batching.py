@@ -13,7 +13,11 @@ pair goes to the first of the `OPEN_ROWS` most recently opened rows where both o
 fit, else opens a row. Every batch is `[token_budget // N, N]`: one shape, one compile.
 
 Which example (or row) lands in which batch depends only on (seed, epoch), and every epoch has
-the same number of batches, so step s is always batch `s % n` of epoch `s // n`.
+the same number of batches, so step s is always batch `s % n` of epoch `s // n`. An epoch's plan is
+drawn once and kept while its steps are served, and a batch is gathered from flat token arrays
+(`Tokens`, memory-mapped where the data was prepared: training.data.prepared) with NumPy, so a step
+costs O(batch) however large the corpus. A process may gather only the rows its devices hold
+(`batch(step, rows=(start, stop))`): the rows of every process together are the global batch.
 """
 
 from __future__ import annotations
@@ -59,18 +63,56 @@ def bucket_length(length: int, bucket_lengths: Sequence[int]) -> int:
     return next((b for b in sorted(bucket_lengths) if b >= length), length)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """One side of a tokenized corpus as two flat arrays: sentence i is `tokens[offsets[i]:offsets[i + 1]]`.
+
+    tokens: [total] int32 (a memory map where prepared); offsets: [sentences + 1] int64, offsets[0] = 0.
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def of(cls, sentences: Sequence[Sequence[int]]) -> Tokens:
+        """Token lists (a SentencePiece `encode` result) as flat arrays."""
+        lengths = np.fromiter(map(len, sentences), np.int64, count=len(sentences))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        tokens = np.fromiter((t for s in sentences for t in s), np.int32, count=int(offsets[-1]))
+        return cls(tokens, offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+def _tokens(side) -> Tokens:
+    return side if isinstance(side, Tokens) else Tokens.of(side)
+
+
 class BatchSchedule:
-    """The batches of an epoch for a tokenized corpus; `examples_dropped` counts over-long pairs."""
+    """The batches of an epoch for a tokenized corpus; `examples_dropped` counts over-long pairs.
+
+    src_ids, tgt_ids: `Tokens`, or token lists. packed_rows: the packing plan (`pack_rows`'s rows as flat example
+    ids and row offsets) where one is cached for this (corpus, seed, pack_length), else it is computed here.
+    """
 
     def __init__(
         self,
-        src_ids: Sequence[Sequence[int]],
-        tgt_ids: Sequence[Sequence[int]],
+        src_ids: Tokens | Sequence[Sequence[int]],
+        tgt_ids: Tokens | Sequence[Sequence[int]],
         *,
         token_budget: int,
         bucket_lengths: Sequence[int],
         seed: int,
         pack_length: int = 0,
+        packed_rows: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         """pack_length: 0 buckets the pairs by `bucket_lengths`; N > 0 packs them into rows of N tokens."""
         bucket_lengths = tuple(sorted(bucket_lengths))
@@ -84,18 +126,20 @@ class BatchSchedule:
                 f"data.token_budget ({token_budget}) must hold one row of the longest "
                 f"{'packed row' if pack_length else 'bucket'} ({longest})"
             )
-        self.src_ids, self.tgt_ids, self.seed = src_ids, tgt_ids, seed
-        src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
-        tgt_len = np.array([len(t) + 1 for t in tgt_ids], dtype=np.int64)  # + BOS / EOS
+        self.src_ids, self.tgt_ids, self.seed = _tokens(src_ids), _tokens(tgt_ids), seed
+        src_len = self.src_ids.lengths
+        tgt_len = self.tgt_ids.lengths + 1  # + BOS / EOS
         if len(src_len) != len(tgt_len):
             raise ValueError(f"{len(src_len)} source but {len(tgt_len)} target sequences")
-        self.packed_rows = None  # packed: [example ids] per row
+        self.packed_rows = None  # packed: (example ids, row offsets), row r's ids = ids[offsets[r]:offsets[r + 1]]
         if pack_length:
             fits = np.flatnonzero((src_len <= pack_length) & (tgt_len <= pack_length))
             self.examples_dropped = len(src_len) - len(fits)
-            order = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,))).permutation(fits)
-            self.packed_rows = pack_rows(order, src_len, tgt_len, pack_length)
-            self.buckets = [(pack_length, token_budget // pack_length, np.arange(len(self.packed_rows)))]
+            if packed_rows is None:
+                order = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,))).permutation(fits)
+                packed_rows = flat_rows(pack_rows(order, src_len, tgt_len, pack_length))
+            self.packed_rows = packed_rows
+            self.buckets = [(pack_length, token_budget // pack_length, np.arange(len(packed_rows[1]) - 1))]
         else:
             bucket_of = np.searchsorted(
                 bucket_lengths, np.maximum(src_len, tgt_len)
@@ -109,26 +153,39 @@ class BatchSchedule:
         if self.batches_per_epoch == 0:
             what = "data.pack_length" if pack_length else "the largest bucket; raise data.bucket_lengths"
             raise ValueError(f"no example fits {what}")
+        self.rows_of = {length: rows for length, rows, _ in self.buckets}
+        self._plan: tuple[int, list[tuple[int, np.ndarray]]] | None = None  # (epoch, its plan): the epoch being served
 
     def epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
         """[(bucket length, example indices, or packed row indices)] in the order the batches of `epoch` are served."""
+        if self._plan is not None and self._plan[0] == epoch:
+            return self._plan[1]
         rng = np.random.default_rng([self.seed, epoch])
         plan = []
         for length, rows, ids in self.buckets:
             ids = rng.permutation(ids)
             plan += [(length, ids[i : i + rows]) for i in range(0, len(ids), rows)]
         order = rng.permutation(len(plan))
-        return [plan[i] for i in order]
+        self._plan = (epoch, [plan[i] for i in order])
+        return self._plan[1]
 
-    def batch(self, step: int) -> Batch:
-        """The batch served at global `step` (0-based), the same on every run with this seed."""
+    def shape(self, step: int) -> tuple[int, int]:
+        """(rows, length) of the batch served at `step`."""
+        length, _ = self.epoch(step // self.batches_per_epoch)[step % self.batches_per_epoch]
+        return self.rows_of[length], length
+
+    def batch(self, step: int, rows: tuple[int, int] | None = None) -> Batch:
+        """The batch served at global `step` (0-based), the same on every run with this seed.
+
+        rows: (start, stop), only those rows of it (a process's share; rows past the batch's are padding).
+        """
         epoch, index = divmod(step, self.batches_per_epoch)
         length, ids = self.epoch(epoch)[index]
-        rows = next(r for l, r, _ in self.buckets if l == length)
+        start, stop = rows or (0, self.rows_of[length])
+        ids = ids[start:stop]
         if self.packed_rows is not None:
-            pairs = [[(self.src_ids[i], self.tgt_ids[i]) for i in self.packed_rows[row]] for row in ids]
-            return self.assemble_packed(pairs, rows, length)
-        return self.assemble([self.src_ids[i] for i in ids], [self.tgt_ids[i] for i in ids], rows, length)
+            return gather_packed(self.src_ids, self.tgt_ids, self.packed_rows, ids, stop - start, length)
+        return gather(self.src_ids, self.tgt_ids, ids, stop - start, length)
 
     @staticmethod
     def assemble(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], rows: int, length: int) -> Batch:
@@ -183,6 +240,70 @@ def pack_rows(order: Sequence[int], src_len: np.ndarray, tgt_len: np.ndarray, le
         free[r][0] -= need_src
         free[r][1] -= need_tgt
     return rows
+
+
+def flat_rows(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """`pack_rows`'s rows as (example ids [pairs] int64, row offsets [rows + 1] int64)."""
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    return np.fromiter((i for r in rows for i in r), np.int64, count=int(offsets[-1])), offsets
+
+
+def _spans(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For spans [starts[k], starts[k] + lengths[k]): (the span each element belongs to, its position in it)."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    first = np.cumsum(lengths) - lengths
+    return owner, np.arange(int(lengths.sum())) - first[owner]
+
+
+def gather(src: Tokens, tgt: Tokens, ids: np.ndarray, rows: int, length: int) -> Batch:
+    """Examples `ids` as a bucketed `[rows, length]` Batch (`BatchSchedule.assemble`'s layout), gathered at once."""
+    arrays = np.full((3, rows, length), PAD_ID, dtype=np.int32)
+    n = len(ids)
+    src_len, tgt_len = src.lengths[ids], tgt.lengths[ids]
+    row, col = _spans(src.offsets[ids], src_len)
+    arrays[0, row, col] = src.tokens[src.offsets[ids][row] + col]
+    row, col = _spans(tgt.offsets[ids], tgt_len)
+    words = tgt.tokens[tgt.offsets[ids][row] + col]
+    arrays[1, row, col + 1] = words  # BOS + target
+    arrays[2, row, col] = words  # target + EOS
+    arrays[1, np.arange(n), 0] = BOS_ID
+    arrays[2, np.arange(n), tgt_len] = EOS_ID
+    return Batch(arrays[0], arrays[1], arrays[2], (arrays[2] != PAD_ID).astype(np.float32))
+
+
+def gather_packed(
+    src: Tokens, tgt: Tokens, packed_rows: tuple[np.ndarray, np.ndarray], row_ids: np.ndarray, rows: int, length: int
+) -> Batch:
+    """Packed rows `row_ids` as a `[rows, length]` Batch (`BatchSchedule.assemble_packed`'s layout), gathered at
+    once: pair k (from 1) of a row fills the next slots of each side, segment k, positions from 0."""
+    ids, offsets = packed_rows
+    per_row = offsets[row_ids + 1] - offsets[row_ids]
+    row_of_pair, k = _spans(offsets[row_ids], per_row)
+    pairs = ids[offsets[row_ids][row_of_pair] + k]
+    arrays = np.full((7, rows, length), PAD_ID, dtype=np.int32)
+    out_src, tgt_in, tgt_out, src_seg, tgt_seg, src_pos, tgt_pos = arrays
+    for side, lengths, tokens_seg, positions in (
+        (src, src.lengths[pairs], src_seg, src_pos),
+        (tgt, tgt.lengths[pairs] + 1, tgt_seg, tgt_pos),  # + BOS / EOS
+    ):
+        # where each pair starts in its row: the lengths of the pairs before it in the same row
+        before = np.cumsum(lengths) - lengths
+        start = before - before[np.searchsorted(row_of_pair, row_of_pair, side="left")]
+        pair, pos = _spans(start, lengths)
+        row, col = row_of_pair[pair], start[pair] + pos
+        tokens_seg[row, col] = k[pair] + 1
+        positions[row, col] = pos
+        if side is src:
+            out_src[row, col] = src.tokens[src.offsets[pairs][pair] + pos]
+        else:
+            word = pos < lengths[pair] - 1  # the target's own tokens; the last slot is EOS out, and BOS in at pos 0
+            source = tgt.offsets[pairs][pair] + pos
+            tgt_out[row[word], col[word]] = tgt.tokens[source[word]]
+            tgt_out[row[~word], col[~word]] = EOS_ID
+            tgt_in[row[word], col[word] + 1] = tgt.tokens[source[word]]
+            tgt_in[row[pos == 0], col[pos == 0]] = BOS_ID
+    weights = (tgt_seg != 0).astype(np.float32)
+    return Batch(out_src, tgt_in, tgt_out, weights, src_seg, tgt_seg, src_pos, tgt_pos)
 
 
 def as_arrays(batch: Batch) -> dict:

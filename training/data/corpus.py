@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
@@ -118,15 +120,68 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def load_tfds(name: str, split: str, src: str, tgt: str, data_dir: str | None = None) -> Corpus:
-    """A translation dataset from tensorflow-datasets, e.g. `wmt14_translate/de-en`.
+    """A translation dataset from tensorflow-datasets, e.g. `wmt14_translate/de-en` (dev and test splits: small).
 
     Needs TensorFlow (`pip install -e .[wmt]`): the WMT builders import it.
     """
+    pairs = list(iter_tfds(name, split, src, tgt, data_dir))
+    return _pair_up([s for s, _ in pairs], [t for _, t in pairs])
+
+
+def iter_tfds(name: str, split: str, src: str, tgt: str, data_dir: str | None = None) -> Iterator[tuple[str, str]]:
+    """A tfds translation split's (source, target) pairs as they come, unstripped: nothing is held in memory."""
     import tensorflow_datasets as tfds
 
-    dataset = tfds.load(name, split=split, data_dir=data_dir)
-    examples = list(tfds.as_numpy(dataset))
-    return _pair_up([e[src].decode("utf-8") for e in examples], [e[tgt].decode("utf-8") for e in examples])
+    for example in tfds.as_numpy(tfds.load(name, split=split, data_dir=data_dir)):
+        yield example[src].decode("utf-8"), example[tgt].decode("utf-8")
+
+
+def _iter_lines(path: Path) -> Iterator[str]:
+    """`path`'s lines one at a time, split as str.splitlines splits the whole text (so as `read_parallel` reads)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    number = 0
+    try:
+        with opener(path, "rb") as f:
+            for raw in f:
+                number += 1
+                yield from raw.decode("utf-8").splitlines() or [""]
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 (line {number}: {error.reason})") from None
+    except (gzip.BadGzipFile, EOFError, OSError) as error:
+        raise ValueError(
+            f"{path} is not a readable {'gzip' if path.suffix == '.gz' else 'text'} file ({error})"
+        ) from None
+
+
+def iter_pairs(config, split: str, limit: int = 0) -> Iterator[tuple[str, str]]:
+    """`split`'s stripped pairs with both sides non-empty, streamed (`load_corpus`'s pairs in its order, the first
+    `limit` of them where limit > 0): a corpus of any size is read without holding it."""
+    if config.data.dataset == "multi30k":
+        src_path, tgt_path = multi30k_paths(config, split)
+        raw = itertools.zip_longest(_iter_lines(src_path), _iter_lines(tgt_path))
+    else:
+        raw = iter_tfds(config.data.dataset, split, config.data.src, config.data.tgt, config.data.dir or None)
+    kept = 0
+    for s, t in raw:
+        if s is None or t is None:
+            raise ValueError(f"misaligned corpus: {src_path} and {tgt_path} have different numbers of lines")
+        s, t = s.strip(), t.strip()
+        if s and t:
+            yield s, t
+            kept += 1
+            if kept == limit:
+                return
+
+
+def multi30k_paths(config, split: str) -> tuple[Path, Path]:
+    """The two gzip files of a Multi30k `split` (fetched first where missing), as `load_multi30k` reads them."""
+    if split not in MULTI30K_SPLITS:
+        raise ValueError(f"data split must be one of {MULTI30K_SPLITS}, got {split!r}")
+    paths = tuple(data_dir(config) / f"{split}.{lang}.gz" for lang in (config.data.src, config.data.tgt))
+    for path in paths:
+        if not path.exists():
+            _fetch(path, True)
+    return paths  # type: ignore[return-value]
 
 
 def data_dir(config) -> Path:

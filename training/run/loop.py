@@ -22,7 +22,7 @@ from training import checkpoints, config as config_lib
 from training.core import compile_cache, files, lock, precision, step as step_lib
 from training.core.errors import RunRefused
 from training.core.metrics import MetricsWriter
-from training.data import tokenizer
+from training.data import prepared, tokenizer
 from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
 from training.evaluation import dev as dev_lib
@@ -33,6 +33,7 @@ LOCK_FILE = "train.lock"  # held by the process training in the workdir, naming 
 
 
 PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
+PREPARED_FILE = "prepared.json"  # the prepared training data a run reads: its directory and manifest's SHA-256
 DIVERGED_FILE = "diverged.json"  # a divergence stop's loss baseline and its last good checkpoint (read on resume)
 
 
@@ -98,6 +99,7 @@ class _Run:
     """A run's inputs, every one checked before the workdir is written: dev data, vocabulary, model, trainer, state."""
 
     dev: Corpus
+    data: prepared.Prepared  # the training split's prepared arrays and manifest
     vocab: object  # a SentencePiece processor (tokenizer.load)
     vocab_proto: bytes
     reuse_vocab: bool  # the workdir's own vocabulary (a resume), not one trained now
@@ -125,21 +127,18 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
         device.platform,
         jax.process_count(),
     )
-    train, dev = _nonempty(config, "train_split"), _nonempty(config, "eval_split")
-    if config.data.train_limit:
-        train = Corpus(train.src[: config.data.train_limit], train.tgt[: config.data.train_limit], train.dropped)
+    dev = _nonempty(config, "eval_split")
     vocab_path = workdir / "spm.model"
     reuse_vocab = vocab_path.exists() and not restart
-    # The run's vocabulary: the workdir's, else trained now by process 0 (in memory) and shared with the others.
-    vocab_proto = (
-        vocab_path.read_bytes()
-        if reuse_vocab
-        else distributed.broadcast_bytes(
-            tokenizer.train(train.src + train.tgt, config.data.vocab_size, config.seed)
-            if distributed.is_main()
-            else None
-        )
-    )
+    # The training split, prepared once for every run on this corpus (training.data.prepared), encoded with the
+    # workdir's vocabulary (a resume, a sweep point) or else the one trained for this corpus and seed: process 0
+    # prepares it, the others read it (or prepare the same where the cache is not shared) with its vocabulary.
+    given = vocab_path.read_bytes() if reuse_vocab else None
+    data = prepared.prepare(config, vocab_proto=given) if distributed.is_main() else None
+    vocab_proto = distributed.broadcast_bytes(data.vocab_proto if data is not None else None)
+    data = data or prepared.prepare(config, vocab_proto=vocab_proto)
+    if not data.manifest["pairs"]:
+        raise ValueError(f"config.data.train_split {config.data.train_split!r} has no sentence pairs")
     vocab = tokenizer.load(vocab_proto)
     if not reuse_vocab and vocab.vocab_size() < config.data.vocab_size:  # SentencePiece stops where the text does
         raise ValueError(
@@ -163,15 +162,8 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
         "compute dtype %s (config.model.dtype %r; %s)", dtype, config.model.dtype, run_info["model.dtype"]["reason"]
     )
     model = config_lib.build_model(config, vocab, dtype)
-    logging.info("train pairs %d (dropped %s), dev pairs %d", len(train), train.dropped, len(dev))
-    schedule = BatchSchedule(
-        vocab.encode(list(train.src)),
-        vocab.encode(list(train.tgt)),
-        token_budget=config.data.token_budget,
-        bucket_lengths=config.data.bucket_lengths,
-        seed=config.seed,
-        pack_length=config.data.pack_length,
-    )
+    logging.info("train pairs %d (prepared: %s), dev pairs %d", data.manifest["pairs"], data.directory, len(dev))
+    schedule = prepared.schedule(config, data)
     logging.info(
         "%d batches an epoch; %d pairs longer than the largest bucket dropped",
         schedule.batches_per_epoch,
@@ -184,6 +176,7 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
     state = trainer.init_state(rng_params, schedule.batch(0))
     return _Run(
         dev,
+        data,
         vocab,
         vocab_proto,
         reuse_vocab,
@@ -206,6 +199,10 @@ def _write_workdir(config, workdir: Path, run: _Run, restart: bool) -> None:
         files.write_atomic(workdir / precision.RUN_INFO, json.dumps(run.run_info, indent=2))
         if not run.reuse_vocab:
             files.write_atomic(workdir / "spm.model", run.vocab_proto)
+        files.write_atomic(
+            workdir / PREPARED_FILE,
+            json.dumps({"directory": str(run.data.directory), "manifest_sha256": run.data.manifest_sha256}, indent=2),
+        )
 
 
 def _train(
