@@ -3,9 +3,7 @@
 Multi-host: every process runs this same command (see docs/distributed.md).
 """
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import jax
 from absl import app, flags
@@ -38,41 +36,5 @@ def main(argv):
     train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, restart=flags.FLAGS.restart)
 
 
-def check_config_path(argv) -> None:
-    """Load --config's file and call its get_config once before absl does, so that a missing file, a syntax error or a
-    bad argument is one line naming the file (absl's flag parser prints a paragraph with the config's traceback)."""
-    for i, arg in enumerate(argv):
-        value = (
-            arg.split("=", 1)[1]
-            if arg.startswith("--config=")
-            else argv[i + 1]
-            if arg == "--config" and i + 1 < len(argv)
-            else None
-        )
-        if value is None:
-            continue
-        path, *args = value.split(":", 1)
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--config {path}: no such config file")
-        try:
-            spec = importlib.util.spec_from_file_location("_checked_config", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            if not callable(getattr(module, "get_config", None)):
-                raise ValueError("defines no get_config(); expected an ml_collections config file")
-            module.get_config(*args)
-        except SyntaxError as error:
-            raise ValueError(
-                f"--config {path} line {error.lineno}: {error.msg}; expected a Python config file"
-            ) from None
-        except Exception as error:  # the config file's own code: reported in one line, its traceback with --verbose
-            if any(a.split("=")[0] in ("--verbose", "-v", "--v", "--verbosity") for a in argv):
-                raise
-            text = errors.one_line(error)
-            raise ValueError(
-                text if text.startswith(value) else f"--config {value}: {type(error).__name__}: {text}"
-            ) from None
-
-
 if __name__ == "__main__":
-    errors.run_reporting_user_errors("train.py", lambda: (check_config_path(sys.argv[1:]), app.run(main)))
+    errors.run_reporting_user_errors("train.py", lambda: (errors.check_config_path(sys.argv[1:]), app.run(main)))

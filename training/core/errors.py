@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+from pathlib import Path
 
 from training.core.lock import DirectoryInUse
 
@@ -40,3 +42,39 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, KeyError):
         text = f"unknown config field {text}"
     return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def check_config_path(argv) -> None:
+    """Load --config's file and call its get_config once before absl does, so that a missing file, a syntax error or a
+    bad argument is one line naming the file (absl's flag parser prints a paragraph with the config's traceback)."""
+    for i, arg in enumerate(argv):
+        value = (
+            arg.split("=", 1)[1]
+            if arg.startswith("--config=")
+            else argv[i + 1]
+            if arg == "--config" and i + 1 < len(argv)
+            else None
+        )
+        if value is None:
+            continue
+        path, *args = value.split(":", 1)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--config {path}: no such config file")
+        try:
+            spec = importlib.util.spec_from_file_location("_checked_config", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            if not callable(getattr(module, "get_config", None)):
+                raise ValueError("defines no get_config(); expected an ml_collections config file")
+            module.get_config(*args)
+        except SyntaxError as error:
+            raise ValueError(
+                f"--config {path} line {error.lineno}: {error.msg}; expected a Python config file"
+            ) from None
+        except Exception as error:  # the config file's own code: reported in one line, its traceback with --verbose
+            if any(a.split("=")[0] in ("--verbose", "-v", "--v", "--verbosity") for a in argv):
+                raise
+            text = one_line(error)
+            raise ValueError(
+                text if text.startswith(value) else f"--config {value}: {type(error).__name__}: {text}"
+            ) from None

@@ -152,6 +152,41 @@ def put_batch(batch: dict, mesh: Mesh) -> dict:
     return {name: put(array) for name, array in batch.items()}
 
 
+def padded_rows(rows: int, mesh: Mesh) -> int:
+    """A batch's row count padded to a multiple of the data shards (`pad_rows`)."""
+    return rows + (-rows % mesh.shape[DATA])
+
+
+def local_rows(mesh: Mesh, rows: int) -> tuple[int, int]:
+    """[start, stop) of the rows this process's devices hold of a batch of `rows` (padded, `padded_rows`): the only
+    rows it assembles. ValueError where they are not one contiguous range (a mesh that interleaves the processes'
+    devices along `data`)."""
+    padded = padded_rows(rows, mesh)
+    if jax.process_count() == 1:
+        return 0, padded
+    spans = {
+        (index[0].start or 0, padded if index[0].stop is None else index[0].stop)
+        for index in batch_sharding(mesh).addressable_devices_indices_map((padded, 1)).values()
+    }
+    start, stop = min(a for a, _ in spans), max(b for _, b in spans)
+    if sum(b - a for a, b in spans) != stop - start:
+        raise ValueError(
+            f"this process's devices hold rows {sorted(spans)} of the batch, not one range: order the mesh's devices "
+            "so that each process's devices are adjacent along 'data' (jax.make_mesh does)"
+        )
+    return start, stop
+
+
+def put_local_batch(batch: dict, mesh: Mesh, rows: int) -> dict:
+    """This process's rows (`local_rows`) of a batch of `rows` -> global jax Arrays split over `data`."""
+    sharding = batch_sharding(mesh)
+    padded = padded_rows(rows, mesh)
+    return {
+        name: jax.make_array_from_process_local_data(sharding, np.asarray(a), (padded, *np.shape(a)[1:]))
+        for name, a in batch.items()
+    }
+
+
 def describe(kv_heads: int, mesh: Mesh) -> str:
     """The start-up line: the mesh and how K/V heads are placed on it."""
     model_shards = mesh.shape[MODEL]

@@ -1,7 +1,8 @@
 """How the train step runs on the devices: `jax.jit` over a (data, model) mesh, or `jax.pmap` data parallelism.
 
 Both trainers share `step.train_step` and the same interface, so the loop does not branch:
-`init_state`, `put_batch` (host batch -> device batch), `step`, `to_checkpoint` /
+`init_state`, `put_batch` (host batch -> device batch; `local_rows` / `put_local_batch`: a process's own rows
+of it), `step`, `to_checkpoint` /
 `from_checkpoint` (the state orbax sees), and `local_params` (an unsharded copy on this
 process's first device, for evaluation and decoding). `step_fn` is the jitted (or pmapped)
 function itself, for inspection: bench/scaling.py lowers it to count its collectives.
@@ -78,6 +79,14 @@ class MeshTrainer:
     def put_batch(self, batch: dict) -> dict:
         return sharding.put_batch(batch, self.mesh)
 
+    def local_rows(self, rows: int) -> tuple[int, int]:
+        """The rows of a batch of `rows` this process assembles (`sharding.local_rows`)."""
+        return sharding.local_rows(self.mesh, rows)
+
+    def put_local_batch(self, batch: dict, rows: int) -> dict:
+        """This process's rows (`local_rows`) of a batch of `rows` -> the step's device batch."""
+        return sharding.put_local_batch(batch, self.mesh, rows)
+
     def step(self, state, batch, rng, logged: bool = True):
         """One step; `logged`: the loop logs this step (its metrics then hold the gradient norm)."""
         return (self.logged_step_fn if logged else self.step_fn)(state, batch, rng)
@@ -122,6 +131,13 @@ class PmapTrainer:
             k: (a := sharding.pad_rows(np.asarray(v), n)).reshape(n, a.shape[0] // n, *a.shape[1:])
             for k, v in batch.items()
         }
+
+    def local_rows(self, rows: int) -> tuple[int, int]:
+        """One process: every row."""
+        return 0, rows
+
+    def put_local_batch(self, batch: dict, rows: int) -> dict:
+        return self.put_batch(batch)
 
     def step(self, state, batch, rng, logged: bool = True):
         state, metrics = (self.logged_step_fn if logged else self.step_fn)(state, batch, rng)

@@ -25,6 +25,7 @@ from training.core.metrics import MetricsWriter
 from training.data import prepared, tokenizer
 from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
+from training.data.prefetch import Prefetch
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
 
@@ -33,6 +34,7 @@ LOCK_FILE = "train.lock"  # held by the process training in the workdir, naming 
 
 
 PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
+PREFETCH = 4  # batches the input thread makes ahead of the step (training.data.prefetch)
 PREPARED_FILE = "prepared.json"  # the prepared training data a run reads: its directory and manifest's SHA-256
 DIVERGED_FILE = "diverged.json"  # a divergence stop's loss baseline and its last good checkpoint (read on resume)
 
@@ -226,14 +228,12 @@ def _train(
     )  # logged; jitted: one program, not a dozen eager ops
     stop = _StopFlag()
     dev_metrics: dict = {}
-    logged = [r["loss"] for r in writer.records if "split" not in r and "loss" in r]
-    watch = LossWatch(
-        config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None)
-    )
+    watch = _loss_watch(config, writer, baseline)
     if _interrupted_evaluation(config, writer, start):
         logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
         dev_metrics = evaluate(state, start, stop) or {}
     window = _Window(compiles)
+    batches = _prefetch(run, start, config.num_train_steps)
     progress = tqdm.tqdm(
         total=config.num_train_steps,
         initial=start,
@@ -243,7 +243,7 @@ def _train(
     started = time.monotonic()
     try:
         for step in range(start, config.num_train_steps):
-            state, loss = _timed_step(config, run, ckpts, state, step, watch, window)
+            state, loss = _timed_step(config, run, ckpts, state, step, watch, window, batches)
             if step == start:
                 window.first_step_s = time.monotonic() - entered
                 logging.info(
@@ -286,9 +286,29 @@ def _train(
         record_divergence(Path(ckpts.latest.directory).parent, watch.lowest, ckpts)
         raise
     finally:
+        batches.close()
         progress.close()
         stop.restore()
     return dev_metrics
+
+
+def _loss_watch(config, writer: MetricsWriter, baseline: float | None) -> LossWatch:
+    """The divergence watch of a run resumed at the lowest loss it logged (or the divergence stop's `baseline`)."""
+    logged = [r["loss"] for r in writer.records if "split" not in r and "loss" in r]
+    return LossWatch(
+        config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None)
+    )
+
+
+def _prefetch(run: _Run, start: int, stop: int) -> Prefetch:
+    """The batches of steps `start` to `stop - 1`, made ahead in a thread: (this process's rows of the batch, the
+    batch's row count) each."""
+
+    def make(step: int) -> tuple:
+        rows, _ = run.schedule.shape(step)
+        return run.schedule.batch(step, rows=run.trainer.local_rows(rows)), rows
+
+    return Prefetch(make, start, stop, depth=PREFETCH)
 
 
 def _interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
@@ -301,14 +321,17 @@ def _interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
     )[0]
 
 
-def _timed_step(config, run: _Run, ckpts, state, step: int, watch: LossWatch, window: _Window) -> tuple:
+def _timed_step(
+    config, run: _Run, ckpts, state, step: int, watch: LossWatch, window: _Window, batches: Prefetch
+) -> tuple:
     """Train step `step`: its batch and step times and metrics go to `window`, its loss to `watch` (which stops
-    a diverged run). Returns (the new state, the loss)."""
+    a diverged run). Returns (the new state, the loss). The data time is the wait for the prefetched batch."""
     t0 = time.perf_counter()
-    batch = run.schedule.batch(step)
+    batch, rows = batches.get(step)
     t1 = time.perf_counter()
     logged = (step + 1) % config.log_every_steps == 0  # these steps' metrics hold the gradient norm
-    state, metrics = run.trainer.step(state, run.trainer.put_batch(as_arrays(batch)), run.rng_dropout, logged)
+    arrays = run.trainer.put_local_batch(as_arrays(batch), rows)
+    state, metrics = run.trainer.step(state, arrays, run.rng_dropout, logged)
     metrics = jax.device_get(metrics)  # also waits for the step: honest step times
     loss = float(metrics["loss"])
     if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters

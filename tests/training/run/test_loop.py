@@ -39,7 +39,11 @@ def params_of(workdir, step):
     model = load_run(workdir).model
     abstract = step_lib.abstract_state(model, config)
     ckpts = checkpoints.Checkpoints(workdir, 3)
-    state = ckpts.latest.restore(step, args=checkpoints.ocp.args.StandardRestore(abstract))
+    ocp = checkpoints.ocp
+    state = ckpts.latest.restore(
+        step, args=ocp.args.Composite(**{checkpoints.STATE: ocp.args.StandardRestore(abstract)})
+    )
+    state = state[checkpoints.STATE]
     ckpts.close()
     return state.params
 
@@ -90,17 +94,17 @@ def test_stopped_and_resumed_run_ends_with_the_same_parameters(straight_run, tmp
 
 
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(straight_run, tmp_path, monkeypatch):
-    original = loop.BatchSchedule.batch
+    original = loop.Prefetch.get  # the loop takes step 6's batch as it starts step 6 (made ahead in a thread)
 
     def batch_then_signal(self, step):
         if step == 6:
             os.kill(os.getpid(), signal.SIGTERM)
         return original(self, step)
 
-    monkeypatch.setattr(loop.BatchSchedule, "batch", batch_then_signal)
+    monkeypatch.setattr(loop.Prefetch, "get", batch_then_signal)
     loop.train_and_evaluate(tiny_config(20), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["7"]
-    monkeypatch.setattr(loop.BatchSchedule, "batch", original)
+    monkeypatch.setattr(loop.Prefetch, "get", original)
     loop.train_and_evaluate(tiny_config(20), tmp_path)
     assert_same_params(params_of(tmp_path, 20), params_of(straight_run[0], 20))
 
