@@ -34,4 +34,4 @@ def get_config(arg: str | None = None):
     config.model.update(d_model=512, num_heads=8, num_layers=6, mlp_dim=2048, dropout_rate=0.1, pre_ln=False)
     config.optimizer.update(learning_rate=(512 * 4000) ** -0.5, warmup_steps=4000, grad_clip_norm=0.0)
     config.eval.bleu_examples = 1000
-    return config
+    return default.apply_arguments(config, arg)  # h=, kv= over the fields above

@@ -7,7 +7,7 @@
 Multi-host (TPU pod slice, SLURM): the same command on every process, see docs/distributed.md.
 """
 
-from configs import base
+from configs import base, default
 
 
 def get_config(arg: str | None = None):
@@ -15,4 +15,4 @@ def get_config(arg: str | None = None):
     config.num_train_steps = 300_000
     config.model.update(d_model=1024, num_heads=16, mlp_dim=4096, dropout_rate=0.3)
     config.optimizer.learning_rate = (1024 * 4000) ** -0.5
-    return config
+    return default.apply_arguments(config, arg)  # h=, kv= over the fields above

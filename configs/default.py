@@ -108,6 +108,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.distributed.num_processes = 0  # 0: from the environment (SLURM, Cloud TPU)
     config.distributed.process_id = -1  # -1: from the environment
 
+    return apply_arguments(config, arg)
+
+
+def apply_arguments(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+    """Set the fields the config argument names (`ARGUMENTS`) on `config`: a config built on this one (base.py,
+    big.py) applies them after its own fields, so that `configs/base.py:h=16` trains 16 heads."""
     for key, value in _parse(arg).items():
         if key not in ARGUMENTS:
             raise ValueError(f"configs/default.py:{arg}: unknown argument {key!r}; expected h=<heads>,kv=<kv heads>")

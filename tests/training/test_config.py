@@ -161,3 +161,18 @@ def test_a_bad_config_argument_names_itself(arg, named):
 
 def test_the_config_holds_no_field_nothing_reads():
     assert "beam_size" not in default.get_config().eval  # eval.py's --beam_size decides the beam
+
+
+def test_the_wmt_configs_take_the_head_count_argument():
+    """configs/base.py and big.py set their own heads, then the argument's: `base.py:h=16` trains 16 heads (the
+    paper-scale rows A sweep, configs/table3_base.py, varies nothing else)."""
+    from configs import base, big, table3_base
+
+    assert (base.get_config().model.num_heads, big.get_config().model.num_heads) == (8, 16)
+    assert (base.get_config("h=16,kv=2").model.num_heads, base.get_config("h=16,kv=2").model.num_kv_heads) == (16, 2)
+    assert big.get_config("h=4").model.num_heads == 4
+    points = [table3_base.get_config(f"h={h}") for h in table3_base.SWEEP_VALUES]
+    assert [c.model.num_heads for c in points] == [1, 4, 8, 16, 32]
+    assert {(c.model.d_model, c.data.dataset, c.data.eval_split) for c in points} == {
+        (512, "wmt14_translate/de-en", "validation")
+    }
