@@ -16,12 +16,12 @@ from pathlib import Path
 import jax
 import ml_collections
 import numpy as np
-import tqdm
 
 from training import checkpoints, config as config_lib
 from training.core import compile_cache, files, lock, precision, step as step_lib
 from training.core.errors import RunRefused
 from training.core.metrics import MetricsWriter
+from training.core.progress import Bar
 from training.data import prepared, tokenizer
 from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
@@ -234,7 +234,7 @@ def _train(
         dev_metrics = evaluate(state, start, stop) or {}
     window = _Window(compiles)
     batches = _prefetch(run, start, config.num_train_steps)
-    progress = tqdm.tqdm(
+    progress = Bar(  # while it is drawn, the log lines are written around it
         total=config.num_train_steps,
         initial=start,
         unit="step",
