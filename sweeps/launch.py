@@ -13,12 +13,16 @@ wherever it runs:
 - the SLURM launcher (`submit`, `wait`): one submitit job per point. A point that spans hosts keeps using
   jax.distributed as train.py does (its SLURM environment is detected by training.parallel.distributed).
 
-Every point of a sweep compiles through one persistent compilation cache (`sweep_cache_dir`).
+Every point of a sweep compiles through one persistent compilation cache (`sweep_cache_dir`). Both launchers print
+a line as each point starts (local) and ends, the ends with the count so far, and draw a bar where stderr is a
+terminal: points finished of the sweep's, done / running / failed, and (local) an ETA from the finished points'
+durations (`Tally`); (SLURM) jobs pending (`job_states`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
 import shlex
 import signal
@@ -29,8 +33,10 @@ from pathlib import Path
 from types import ModuleType
 
 import submitit
+import tqdm
 
-from training.core import compile_cache
+from training.core import compile_cache, progress
+from training.core.progress import Bar
 from training.parallel import sharding
 from sweeps import adopt, schema, store
 from sweeps.point_run import LOCK_FILE
@@ -217,32 +223,106 @@ def run_sweep(
     return failed
 
 
+BAR_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit}s finished |{bar}| {elapsed}{postfix}"  # the ETA is Tally's
+
+
 def _drive(program, config_path, workdir, results_dir, out, slots, todo, running, failed):
     cache_dir = sweep_cache_dir()
-    while todo or running:
-        while todo and len(running) < len(slots):
-            point = todo.pop(0)
-            slot = min(set(range(len(slots))) - {entry[3] for entry in running})
-            log = open(workdir / f"{point.name}.log", "a")
-            command = point_command(program, config_path, workdir, results_dir, point, cache_dir)
-            shown = " ".join(f"{k}={v}" for k, v in slots[slot].items())
-            print(f"[sweep] start {point.name}: {shown + ' ' if shown else ''}{shell_line(command)}", flush=True)
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **slots[slot]})
-            running.append((point, process, log, slot))
-        time.sleep(1.0)
-        for entry in [e for e in running if e[1].poll() is not None]:
-            point, process, log, _ = entry
-            running.remove(entry)
-            log.close()
-            if process.returncode == 0 and not store.is_finished(out, point):
-                print(
-                    f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}", flush=True
+    tally = Tally(len(todo), len(slots))
+    with Bar(total=len(todo), desc="[sweep]", unit="point", bar_format=BAR_FORMAT) as bar:
+        while todo or running:
+            while todo and len(running) < len(slots):
+                point = todo.pop(0)
+                slot = min(set(range(len(slots))) - {entry[3] for entry in running})
+                log = open(workdir / f"{point.name}.log", "a")
+                command = point_command(program, config_path, workdir, results_dir, point, cache_dir)
+                shown = " ".join(f"{k}={v}" for k, v in slots[slot].items())
+                tally.start(point.name)
+                progress.write(
+                    f"[sweep] start {point.name} ({tally.started} of {tally.total}): "
+                    f"{shown + ' ' if shown else ''}{shell_line(command)}"
                 )
-                continue
-            ok = process.returncode == 0
-            print(f"[sweep] {'done' if ok else 'FAILED'} {point.name} (exit {process.returncode})", flush=True)
-            if not ok:
-                failed.append(point)
+                env = {**os.environ, **slots[slot]}
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                running.append((point, process, log, slot))
+            time.sleep(1.0)
+            for entry in [e for e in running if e[1].poll() is not None]:
+                running.remove(entry)
+                entry[2].close()
+                outcome = _outcome(entry[0], entry[1].returncode, out, failed)
+                tally.finish(entry[0].name, outcome)
+                progress.write(f"{_outcome_line(entry[0], entry[1].returncode, outcome, workdir)} [{tally.summary()}]")
+                bar.update()
+            bar.set_postfix_str(tally.postfix())  # every second: the ETA and elapsed time move on
+
+
+def _outcome(point: Point, returncode: int, out: Path, failed: list[Point]) -> str:
+    """'done', 'FAILED' (the point joins `failed`) or 'left' (exit 0 but not stored: another process holds it)."""
+    if returncode == 0:
+        return "done" if store.is_finished(out, point) else "left"
+    failed.append(point)
+    return "FAILED"
+
+
+def _outcome_line(point: Point, returncode: int, outcome: str, workdir: Path) -> str:
+    if outcome == "left":
+        return f"[sweep] left {point.name} to the process holding {workdir / point.name / LOCK_FILE}"
+    return f"[sweep] {outcome} {point.name} (exit {returncode})"
+
+
+class Tally:
+    """The local launcher's count of a sweep's points (done, failed, left to another process, running) and its ETA.
+
+    The ETA comes from the durations of the points done so far: each queued point takes their mean, each running
+    one the rest of it, and they are spread over the `slots` as the launcher spreads them (the next point on the
+    first slot free). None until a point is done. `clock`: seconds (time.monotonic; a test's fake clock).
+    """
+
+    def __init__(self, total: int, slots: int, clock=time.monotonic):
+        self.total, self.slots, self.clock = total, slots, clock
+        self.running: dict[str, float] = {}  # point name -> when it started
+        self.durations: list[float] = []  # of the points done
+        self.counts = {"done": 0, "FAILED": 0, "left": 0}
+        self.started = 0
+
+    def start(self, name: str) -> None:
+        self.running[name] = self.clock()
+        self.started += 1
+
+    def finish(self, name: str, outcome: str) -> None:
+        """`outcome`: 'done', 'FAILED' or 'left' (`_outcome`)."""
+        began = self.running.pop(name)
+        self.counts[outcome] += 1
+        if outcome == "done":
+            self.durations.append(self.clock() - began)
+
+    @property
+    def finished(self) -> int:
+        return sum(self.counts.values())
+
+    def eta_s(self) -> float | None:
+        if not self.durations:
+            return None
+        mean, now = sum(self.durations) / len(self.durations), self.clock()
+        free = [max(mean - (now - began), 0.0) for began in self.running.values()]
+        free += [0.0] * max(self.slots - len(free), 0)
+        heapq.heapify(free)
+        for _ in range(self.total - self.finished - len(self.running)):
+            heapq.heapreplace(free, free[0] + mean)
+        return max(free)
+
+    def postfix(self) -> str:
+        """'done 3, running 2, failed 1, eta 0:12:05' (and 'left N' once a point was left to another process)."""
+        left = f", left {self.counts['left']}" if self.counts["left"] else ""
+        eta = self.eta_s()
+        return (
+            f"done {self.counts['done']}, running {len(self.running)}, failed {self.counts['FAILED']}{left}, "
+            f"eta {'?' if eta is None else tqdm.tqdm.format_interval(eta)}"
+        )
+
+    def summary(self) -> str:
+        """'3 of 12 finished: done 2, running 2, failed 1, eta 0:12:05': what a done line adds (a log keeps it)."""
+        return f"{self.finished} of {self.total} finished: {self.postfix()}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,15 +388,42 @@ def submit(
     return list(zip(todo, jobs))
 
 
-def wait(submitted: list[tuple[Point, submitit.Job]]) -> list[Point]:
-    """Wait for every job; return the points whose job failed."""
-    failed = []
-    for point, job in submitted:
-        try:
-            job.result()
-            print(f"[sweep] done {point.name} (job {job.job_id})", flush=True)
-        except Exception as error:
-            why = str(error).splitlines()[0] if str(error) else type(error).__name__
-            print(f"[sweep] FAILED {point.name} (job {job.job_id}): {why}", flush=True)
-            failed.append(point)
-    return failed
+JOB_POLL_S = 10.0  # between two looks at the jobs' states (submitit asks SLURM at most once a minute)
+PENDING_STATES = ("PENDING", "REQUEUED", "CONFIGURING", "UNKNOWN", "READY")  # not started yet, as far as SLURM says
+
+
+def wait(submitted: list[tuple[Point, submitit.Job]], poll_s: float = JOB_POLL_S) -> list[Point]:
+    """Wait for every job, a line for each as it ends and a bar of the jobs' states (done / running / failed /
+    pending); return the points whose job failed, in the order they were submitted."""
+    failed: list[Point] = []
+    left = list(submitted)
+    with Bar(total=len(submitted), desc="[sweep] jobs", unit="point", bar_format=BAR_FORMAT) as bar:
+        while left:
+            for point, job in [entry for entry in left if entry[1].done()]:
+                left.remove((point, job))
+                line = _job_result(point, job, failed)
+                bar.update()
+                progress.write(f"{line} [{len(submitted) - len(left)} of {len(submitted)} finished]")
+            bar.set_postfix_str(job_states(left, len(submitted) - len(left) - len(failed), len(failed)))
+            if left:
+                time.sleep(poll_s)
+    order = {point.name: i for i, (point, _) in enumerate(submitted)}
+    return sorted(failed, key=lambda point: order[point.name])
+
+
+def _job_result(point: Point, job: submitit.Job, failed: list[Point]) -> str:
+    """A finished job's line, done or FAILED (the point joins `failed`)."""
+    try:
+        job.result()
+        return f"[sweep] done {point.name} (job {job.job_id})"
+    except Exception as error:
+        why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        failed.append(point)
+        return f"[sweep] FAILED {point.name} (job {job.job_id}): {why}"
+
+
+def job_states(waiting: list[tuple[Point, submitit.Job]], done: int, failed: int) -> str:
+    """'done 3, running 2, failed 1, pending 4': the bar's count of the jobs, those still `waiting` by their state."""
+    states = [str(job.state).upper() for _, job in waiting]
+    pending = sum(state in PENDING_STATES for state in states)
+    return f"done {done}, running {len(states) - pending}, failed {failed}, pending {pending}"

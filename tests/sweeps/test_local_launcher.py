@@ -1,6 +1,7 @@
 """The local launcher: `--points_per_device K` (K point processes at a time on a CPU; per GPU, one device and
 1/K of its memory each), and one persistent compilation cache for every point of a sweep."""
 
+import io
 import json
 import os
 import subprocess
@@ -180,3 +181,69 @@ def test_points_per_device_and_jobs_are_for_the_local_launcher(tmp_path, flag):
         timeout=300,
     )
     assert done.returncode == 1 and f"{flag} applies to --launcher local only" in done.stderr
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+class Ticks:
+    """A fake clock and sleep: the launcher's one-second polls, counted."""
+
+    def __init__(self):
+        self.now = 0
+
+    def sleep(self, seconds):
+        self.now += 1
+
+
+class FakePoint:
+    """Stands in for a point's process: h=1 runs one poll, h=2 two; seed 0 is stored (exit 0), seed 1 fails."""
+
+    def __init__(self, ticks, stored, command, **_):
+        self.ticks, self.stored = ticks, stored
+        self.name = command[command.index("--point") + 1].replace("=", "") + "_seed" + command[-1]
+        self.ends = ticks.now + int(self.name[1])
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and self.ticks.now >= self.ends:
+            self.returncode = 1 if self.name.endswith("seed1") else 0
+            if self.returncode == 0:
+                self.stored.add(self.name)
+        return self.returncode
+
+
+def test_the_launcher_counts_points_done_running_and_failed_in_its_lines_and_its_bar(tmp_path, monkeypatch, capsys):
+    ticks, stored = Ticks(), set()
+    monkeypatch.setattr(launch, "local_devices", lambda: ("cpu", 1))
+    monkeypatch.setattr(launch.store, "is_finished", lambda out, point: point.name in stored)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda command, **kw: FakePoint(ticks, stored, command))
+    monkeypatch.setattr(launch.time, "sleep", ticks.sleep)
+    tally = launch.Tally
+    monkeypatch.setattr(launch, "Tally", lambda total, slots: tally(total, slots, clock=lambda: ticks.now))
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    failed = launch.run_sweep(["sweep"], str(CONFIG), tmp_path, tmp_path / "r", 2, jobs=2)
+    assert [p.name for p in failed] == ["h1_seed1", "h2_seed1"]
+    lines = [line.split(": ")[0] if "start" in line else line for line in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        "[sweep] start h1_seed0 (1 of 4)",
+        "[sweep] start h2_seed0 (2 of 4)",
+        # poll 1: h1_seed0 took 1 s; h2_seed0 has run 1 of those, the 2 queued take 1 s each on the 2 slots
+        "[sweep] done h1_seed0 (exit 0) [1 of 4 finished: done 1, running 1, failed 0, eta 00:01]",
+        "[sweep] start h1_seed1 (3 of 4)",
+        "[sweep] done h2_seed0 (exit 0) [2 of 4 finished: done 2, running 1, failed 0, eta 00:01]",
+        "[sweep] FAILED h1_seed1 (exit 1) [3 of 4 finished: done 2, running 0, failed 1, eta 00:01]",
+        "[sweep] start h2_seed1 (4 of 4)",
+        "[sweep] FAILED h2_seed1 (exit 1) [4 of 4 finished: done 2, running 0, failed 2, eta 00:00]",
+    ]
+    drawn = terminal.getvalue().split("\r")  # the bar as drawn after each poll
+    # poll 3: h2_seed1 has run 1 s of the 1.5 s the points done took on average
+    assert any(
+        d.startswith("[sweep]: 3/4 points") and d.endswith("done 2, running 1, failed 1, eta 00:00") for d in drawn
+    )
+    assert (
+        drawn[-1].startswith("[sweep]: 4/4 points finished") and "done 2, running 0, failed 2, eta 00:00" in drawn[-1]
+    )
