@@ -5,7 +5,7 @@ as the paper's Table 3) with its head count; each point uses every chip of its h
 mesh (mesh.data = -1), and the points run one after another. From the data to the sweep (docs/sweeps.md,
 "Table 3 at the paper's scale"):
 
-    python -m training.data.prepare --config configs/table3_base.py --vocab_seed 0   # once: vocabulary + arrays
+    python prepare.py --config configs/table3_base.py --vocab_seed 0   # once: vocabulary + arrays
     python sweep.py plan --config configs/table3_base.py --target tpu:v5e:2x4          # compiled, nothing trained
     python sweep.py run --config configs/table3_base.py --workdir runs/table3_base --seeds 3
 """

@@ -18,7 +18,7 @@ from absl import logging
 from training import config as config_lib
 from training.core import files, precision, provenance, step as step_lib
 from training.core.lock import claim, release
-from training.data import prepared
+from training import prepared
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
@@ -84,7 +84,7 @@ def run_point(
             "seed": point.seed,
             **measure(run_dir, module.SWEEP_TEST_SPLIT),
             **commit,
-            # the prepared training data it read (training.data.prepared): its manifest, by hash
+            # the prepared training data it read (training.prepared): its manifest, by hash
             "prepared_manifest_sha256": json.loads((run_dir / loop.PREPARED_FILE).read_text())["manifest_sha256"],
         }
         if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():

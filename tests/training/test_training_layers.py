@@ -16,7 +16,8 @@ LAYERS = (
     # imports them
     ("run",),
     ("evaluation",),  # a trained run read back: dev loss and BLEU, eval.py's work, decoding
-    ("config", "checkpoints"),  # the validated config and the model it implies; saved train states
+    # the validated config and the model it implies; saved train states; the training split prepared once
+    ("config", "checkpoints", "prepared"),
     ("parallel",),  # the step on the devices: jit / pmap trainers, mesh and sharding rules, multi-process
     ("core",),  # the step and optimizer, compute dtype, compile cache, workdir files, locks, errors, logs
     ("data",),  # corpora, vocabulary, batches

@@ -15,7 +15,7 @@ fit, else opens a row. Every batch is `[token_budget // N, N]`: one shape, one c
 Which example (or row) lands in which batch depends only on (seed, epoch), and every epoch has
 the same number of batches, so step s is always batch `s % n` of epoch `s // n`. An epoch's plan is
 drawn once and kept while its steps are served, and a batch is gathered from flat token arrays
-(`Tokens`, memory-mapped where the data was prepared: training.data.prepared) with NumPy, so a step
+(`Tokens`, memory-mapped where the data was prepared: training.prepared) with NumPy, so a step
 costs O(batch) however large the corpus. A process may gather only the rows its devices hold
 (`batch(step, rows=(start, stop))`): the rows of every process together are the global batch.
 """

@@ -17,12 +17,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from training import checkpoints, config as config_lib
+from training import checkpoints, config as config_lib, prepared
 from training.core import compile_cache, files, lock, precision, step as step_lib
 from training.core.errors import RunRefused
 from training.core.metrics import MetricsWriter
 from training.core.progress import Bar
-from training.data import prepared, tokenizer
+from training.data import tokenizer
 from training.data.batching import BatchSchedule, as_arrays, dev_batches
 from training.data.corpus import Corpus, load_corpus
 from training.data.prefetch import Prefetch
@@ -132,7 +132,7 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
     dev = _nonempty(config, "eval_split")
     vocab_path = workdir / "spm.model"
     reuse_vocab = vocab_path.exists() and not restart
-    # The training split, prepared once for every run on this corpus (training.data.prepared), encoded with the
+    # The training split, prepared once for every run on this corpus (training.prepared), encoded with the
     # workdir's vocabulary (a resume, a sweep point) or else the one trained for this corpus and seed: process 0
     # prepares it, the others read it (or prepare the same where the cache is not shared) with its vocabulary.
     given = vocab_path.read_bytes() if reuse_vocab else None

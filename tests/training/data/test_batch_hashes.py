@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data import prepared, tokenizer
+from training import prepared
+from training.data import tokenizer
 from training.data.batching import BatchSchedule, as_arrays
 from training.data.corpus import load_corpus
 

@@ -4,7 +4,7 @@ A run reads its training split as two memory-mapped arrays a side (`Tokens`: the
 where each sentence starts) from a directory of the prepared-data cache, described by `manifest.json`: the
 corpus files and their hashes, the vocabulary's settings and hash, the counts, the arrays' sizes and hashes,
 and the code that wrote them. Every run and sweep point on the same corpus and vocabulary reads the same
-directory; the first to need it prepares it (`prepare`), or `python -m training.data.prepare --config C` does
+directory; the first to need it prepares it (`prepare`), or `python prepare.py --config C` does
 beforehand. A directory appears under its final name only once complete (written aside, then renamed), so a
 killed prepare leaves nothing a run would read; a damaged or foreign one is refused in one line naming the file
 and what to run, and is never silently re-tokenized.
@@ -43,7 +43,7 @@ ENV = "HEADCOUNT_PREPARED"
 MANIFEST = "manifest.json"
 SIDES = ("src", "tgt")
 CHUNK = 20_000  # sentences a worker encodes at a time
-COMMAND = "python -m training.data.prepare --config CONFIG"
+COMMAND = "python prepare.py --config CONFIG"
 
 
 class PreparedDataError(ValueError):

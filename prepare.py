@@ -1,7 +1,7 @@
-"""Prepare a config's training data once, before any run: python -m training.data.prepare --config configs/base.py
+"""Prepare a config's training data once, before any run: python prepare.py --config configs/base.py
 
 Trains the vocabulary train.py would train (the config's seed; `--vocab_seed 0` for a sweep's shared one) and
-encodes the training split into the prepared-data cache (training.data.prepared), then prints the directory and
+encodes the training split into the prepared-data cache (training.prepared), then prints the directory and
 its manifest's SHA-256. Every later run and sweep point on the same corpus and vocabulary reads it.
 """
 
@@ -12,7 +12,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from training.core import errors, logs
-from training.data import prepared
+from training import prepared
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
 flags.DEFINE_string(
@@ -45,6 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    errors.run_reporting_user_errors(
-        "training.data.prepare", lambda: (errors.check_config_path(sys.argv[1:]), app.run(main))
-    )
+    errors.run_reporting_user_errors("prepare.py", lambda: (errors.check_config_path(sys.argv[1:]), app.run(main)))
