@@ -5,7 +5,7 @@ with `training.run.aot` and reports, per point, the memory a device needs, its s
 FLOPs of one step, and how many points one device could hold at once: `floor(0.95 * HBM / needs)`,
 the 95 % the local launcher splits between `--points_per_device` processes (`launch.slot_environments`;
 that launcher shares GPUs and CPUs: on a GPU the figure is the flag to pass, on a TPU it says what memory
-allows, not a flag to pass).
+allows, not a flag to pass). The compiles, minutes a point for a large model, are counted on a bar (on a terminal).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from types import ModuleType
 
+from training.core.progress import Bar
 from training.run import aot
 
 SHARED_FRACTION = 0.95  # of a device's memory, split between the points sharing it (sweep.slot_environments)
@@ -21,39 +22,42 @@ SHARED_FRACTION = 0.95  # of a device's memory, split between the points sharing
 def plan(module: ModuleType, target: aot.Target, data: int = -1, model: int = 1, devices=None) -> list[dict]:
     """[{point, needs_bytes, hbm_share, flops, points_per_device, compile_s, refused}], one per sweep value."""
     devices = aot.compile_only_devices(target) if devices is None else devices
-    rows = []
-    for value in module.SWEEP_VALUES:
-        point = f"{module.SWEEP_KEY}={value}"
-        try:
-            report = aot.compile_programs(
-                module.get_config(point), target, data, model, programs=("train",), devices=devices
-            )["train"]
-        except aot.DoesNotFit as refused:
-            rows.append(
-                {
-                    "point": point,
-                    "needs_bytes": None,
-                    "hbm_share": None,
-                    "flops": None,
-                    "points_per_device": 0,
-                    "compile_s": None,
-                    "refused": str(refused),
-                }
-            )
-            continue
-        needs = report["memory_bytes"]["needed"]
-        rows.append(
-            {
-                "point": point,
-                "needs_bytes": needs,
-                "hbm_share": report["hbm_share"],
-                "flops": report["flops"],
-                "points_per_device": math.floor(SHARED_FRACTION * target.chip.hbm_gib * aot.GIB / needs),
-                "compile_s": report["compile_s"],
-                "refused": aot.refusal("train", report),
-            }
-        )
+    rows: list[dict] = []
+    with Bar(total=len(module.SWEEP_VALUES), desc="[plan] compiling", unit="point") as bar:  # minutes a point
+        for value in module.SWEEP_VALUES:
+            point = f"{module.SWEEP_KEY}={value}"
+            bar.set_postfix_str(f"{point}; {sum(r['refused'] is not None for r in rows)} refused so far")
+            rows.append(_row(module, point, target, data, model, devices))
+            bar.update()
     return rows
+
+
+def _row(module: ModuleType, point: str, target: aot.Target, data: int, model: int, devices) -> dict:
+    """One point's row of `plan`: its train step compiled for `target`."""
+    try:
+        report = aot.compile_programs(
+            module.get_config(point), target, data, model, programs=("train",), devices=devices
+        )["train"]
+    except aot.DoesNotFit as refused:
+        return {
+            "point": point,
+            "needs_bytes": None,
+            "hbm_share": None,
+            "flops": None,
+            "points_per_device": 0,
+            "compile_s": None,
+            "refused": str(refused),
+        }
+    needs = report["memory_bytes"]["needed"]
+    return {
+        "point": point,
+        "needs_bytes": needs,
+        "hbm_share": report["hbm_share"],
+        "flops": report["flops"],
+        "points_per_device": math.floor(SHARED_FRACTION * target.chip.hbm_gib * aot.GIB / needs),
+        "compile_s": report["compile_s"],
+        "refused": aot.refusal("train", report),
+    }
 
 
 def table(rows: list[dict], target: aot.Target) -> str:

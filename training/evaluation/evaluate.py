@@ -42,7 +42,7 @@ def score_split(
     """
     corpus = load_corpus(run.config, split)
     nll = dev.dev_loss(run.params, dev_batches(run.config, run.vocab, corpus), dev.eval_step_fn(run.model))
-    hyps = run.vocab.decode(_translate(run, run.vocab.encode(list(corpus.src)), beam_size))
+    hyps = run.vocab.decode(_translate(run, run.vocab.encode(list(corpus.src)), beam_size, split))
     out_path = Path(hypotheses) if hypotheses else hypotheses_path(workdir, split, beam_size)
     bleu, signature = translate.corpus_bleu(hyps, corpus.tgt)
     result = {
@@ -139,7 +139,7 @@ def translate_file(
             limit,
             ", ".join(map(str, cut[:10])) + (" ..." if len(cut) > 10 else ""),
         )
-    hyps = run.vocab.decode(_translate(run, src_ids, beam_size)) if filled else []
+    hyps = run.vocab.decode(_translate(run, src_ids, beam_size, Path(input_path).name)) if filled else []
     out = [""] * len(lines)
     for i, hyp in zip(filled, hyps):
         out[i] = hyp
@@ -147,7 +147,9 @@ def translate_file(
     return len(lines)
 
 
-def _translate(run: LoadedRun, src_ids, beam_size):
+def _translate(run: LoadedRun, src_ids, beam_size, what: str):
+    """The translations of `src_ids` (token ids) by the run's model, a bar labelled with `what` counting them (on a
+    terminal)."""
     config = run.config
     return translate.translate(
         run.model,
@@ -158,4 +160,5 @@ def _translate(run: LoadedRun, src_ids, beam_size):
         max_extra_length=config.eval.max_extra_length,
         bucket_lengths=config.data.bucket_lengths,
         lengths=eval_lengths(config),
+        progress=f"translating {what} ({'greedy' if beam_size == 1 else f'beam {beam_size}'})",
     )

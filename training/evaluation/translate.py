@@ -10,6 +10,7 @@ import numpy as np
 import sacrebleu
 
 from models import beam_search, greedy_decode
+from training.core.progress import Bar
 from training.data.batching import BatchSchedule, bucket_length
 
 
@@ -24,6 +25,7 @@ def translate(
     bucket_lengths: Sequence[int],
     rows: int = 64,
     lengths: Sequence[int] = (),
+    progress: str | None = None,
 ) -> list[list[int]]:
     """Token ids of each translation (EOS and padding removed), in input order.
 
@@ -33,29 +35,32 @@ def translate(
     to instead, each one compiled program whose output capacity is that length + `max_extra_length`;
     the cap stays the bucket's (passed to the program as a number), so the translations are those of
     the bucketed path (up to float rounding over the extra, masked padding).
+    `progress`: a bar's label, the sentences counted batch by batch (drawn where stderr is a terminal); None, no bar.
     """
     eos, pad = model.config.eos_id, model.config.pad_id
     src_ids = [ids[: model.config.max_len] for ids in src_ids]  # over-long inputs: what the model can read
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     results: list[list[int]] = [[] for _ in src_ids]
-    for start in range(0, len(order), rows):
-        chunk = order[start : start + rows]
-        longest = max(len(src_ids[i]) for i in chunk)
-        length = bucket_length(longest, bucket_lengths)
-        max_len = min(length + max_extra_length, model.config.max_len)
-        if lengths:
-            padded = bucket_length(length, lengths)
-            capacity = max(min(padded + max_extra_length, model.config.max_len), max_len)
-            batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, padded)
-            limited = decoder(model, beam_size, alpha, capacity, limited=True)
-            tokens = np.asarray(limited(params, batch.src, np.int32(max_len)))
-        else:
-            batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
-            tokens = np.asarray(decoder(model, beam_size, alpha, max_len)(params, batch.src))
-        for row, i in enumerate(chunk):
-            out = list(tokens[row])
-            out = out[: out.index(eos)] if eos in out else out
-            results[i] = [t for t in out if t != pad]
+    with Bar(total=len(order), desc=progress, unit="sentence", disable=True if progress is None else None) as bar:
+        for start in range(0, len(order), rows):
+            chunk = order[start : start + rows]
+            longest = max(len(src_ids[i]) for i in chunk)
+            length = bucket_length(longest, bucket_lengths)
+            max_len = min(length + max_extra_length, model.config.max_len)
+            if lengths:
+                padded = bucket_length(length, lengths)
+                capacity = max(min(padded + max_extra_length, model.config.max_len), max_len)
+                batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, padded)
+                limited = decoder(model, beam_size, alpha, capacity, limited=True)
+                tokens = np.asarray(limited(params, batch.src, np.int32(max_len)))
+            else:
+                batch = BatchSchedule.assemble([src_ids[i] for i in chunk], [[] for _ in chunk], rows, length)
+                tokens = np.asarray(decoder(model, beam_size, alpha, max_len)(params, batch.src))
+            for row, i in enumerate(chunk):
+                out = list(tokens[row])
+                out = out[: out.index(eos)] if eos in out else out
+                results[i] = [t for t in out if t != pad]
+            bar.update(len(chunk))
     return results
 
 
