@@ -1,25 +1,39 @@
 """Orbax checkpoints: the latest K train states, the best one by dev loss, and verified restore.
 
-Each saved step also gets `checksums.json`: one 32-bit position-weighted sum of every array's
-bits. Orbax reads bytes that were damaged on disk without complaint when they sit in raw
-(incompressible) blocks, so a restore recomputes the sums and treats a mismatch like an
-unreadable checkpoint: skipped with a warning, the previous one restored. A step without its
-checksums (a kill between the save and them) cannot be checked and is skipped the same way.
+A step is two orbax items, written as one save: `state/` (the train state) and `checksums/` (one 32-bit
+position-weighted sum of every array's bits, in `checksums.json`). Orbax writes a step in a temporary folder and
+renames it into place once every item is written, so a kill leaves no step or a whole one: never a state without its
+checksums. Which steps stay is orbax's preservation policy: in `checkpoints/` the newest `keep` (and the protected
+step of a divergence stop), in `best/` the one with the lowest dev loss. A save returns once the arrays are copied
+off the devices; the files are written in the background, and `wait` (also `close`, `move_aside` and the next save)
+waits for them, raising a failed write's error (a full disk) as one naming that step's folder.
 
-Before any of that, the arrays a step holds (names, shapes, dtypes, from its metadata) are compared
-with the state the config builds: a difference is the config's, not damage (`ConfigMismatch`,
-naming the array and both shapes; nothing is moved). When no step in `checkpoints/` is intact, an
-intact state in `best/` is restored instead.
+Steps written before the two items (the state in `default/`, `checksums.json` beside it) are still restored and
+verified the same way; one of those without its `checksums.json` (a kill between its two writes) is skipped like a
+damaged one: nothing is restored unchecked.
 
-A writer (the training loop) moves a damaged step aside to `checkpoints/damaged/STEP` (kept, never
-reused as a name, never deleted); a reader (`read_only=True`: eval.py, analyses) only skips it.
-When every step is damaged there is nothing to resume from: `NoIntactCheckpoint`, not a restart.
+What stays hand-written, and why:
 
-Orbax reads a step's arrays as concurrent tasks and stops at the first one that fails; the other reads of a
-damaged step are left behind, and when they end after orbax has closed its event loop Python prints their
-tracebacks ("Exception ignored in: <coroutine object _read_array_index_and_device_put>", "RuntimeError: Event
-loop is closed"), thousands of lines around the one that reports the step. From a process's first restore on,
-those two are logged at debug level instead (`quiet_abandoned_reads`); any other traceback passes.
+- The checksums. Orbax reads bytes that were damaged on disk without complaint when they sit in raw
+  (incompressible) blocks, so a restore recomputes the sums and treats a mismatch like an unreadable checkpoint:
+  skipped with a warning, the previous one restored.
+- The choice of step to restore. Orbax restores the step it is given; falling back from a damaged step to the next
+  older one, and from `checkpoints/` to an intact state in `best/`, is this module's.
+- The config check. Before any of that, the arrays a step holds (names from its checksums, shapes and dtypes from
+  orbax's item metadata) are compared with the state the config builds: a difference is the config's, not damage
+  (`ConfigMismatch`, naming the array and both shapes; nothing is moved). Orbax's own error for it reads like damage.
+- Moving steps aside. Orbax only deletes; a writer (the training loop) moves a damaged step to
+  `checkpoints/damaged/STEP` (kept, never reused as a name, never deleted) and a diverged one to
+  `checkpoints/diverged/STEP`, so the step can be saved again and the old one inspected. A reader
+  (`read_only=True`: eval.py, analyses) only skips it. When every step is damaged there is nothing to resume from:
+  `NoIntactCheckpoint`, not a restart.
+- The quieting of tracebacks. Orbax reads a step's arrays as concurrent tasks and stops at the first one that fails;
+  the other reads of a damaged step are left behind, and when they end after orbax has closed its event loop Python
+  prints their tracebacks ("Exception ignored in: <coroutine object _read_array_index_and_device_put>",
+  "RuntimeError: Event loop is closed"), thousands of lines around the one that reports the step. From a process's
+  first restore on, those two are logged at debug level instead (`quiet_abandoned_reads`); any other traceback
+  passes. Orbax also logs a refused write (full disk, read-only mount) from its threads, which the error naming the
+  step's folder already says: those records are dropped while a writer is open.
 """
 
 from __future__ import annotations
@@ -41,7 +55,9 @@ from training.core import files
 from training.core.errors import RunRefused
 from training.parallel import distributed
 
+STATE, CHECKSUMS = "state", "checksums"  # a step's two items: STEP/state/, STEP/checksums/CHECKSUM_FILE
 CHECKSUM_FILE = "checksums.json"
+LEGACY_STATE = "default"  # an older step's state, STEP/default/, with STEP/CHECKSUM_FILE beside it: read, never written
 DAMAGED = "damaged"  # checkpoints/damaged/STEP: steps a writer found unreadable, kept aside
 DIVERGED = "diverged"  # checkpoints/diverged/STEP: a step whose parameters gave a diverged loss, kept aside
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
@@ -55,6 +71,25 @@ class ConfigMismatch(RunRefused):
     """The checkpoints hold arrays other than those the requested config builds: another run's config."""
 
 
+def _dev_loss(metrics) -> float:
+    return metrics["dev_loss"]
+
+
+def _manager(directory: Path, policy, read_only: bool, **options) -> ocp.CheckpointManager:
+    """A manager of steps made of the items STATE and CHECKSUMS (and LEGACY_STATE, to read older steps)."""
+    return ocp.CheckpointManager(
+        directory,
+        item_handlers={
+            STATE: ocp.StandardCheckpointHandler(),
+            CHECKSUMS: ocp.JsonCheckpointHandler(filename=CHECKSUM_FILE),
+            LEGACY_STATE: ocp.StandardCheckpointHandler(),
+        },
+        options=ocp.CheckpointManagerOptions(
+            preservation_policy=policy, read_only=read_only, create=not read_only, **options
+        ),
+    )
+
+
 class Checkpoints:
     """`workdir/checkpoints` keeps the latest `keep` states; `workdir/best` the one with the lowest dev loss.
 
@@ -65,61 +100,65 @@ class Checkpoints:
     def __init__(self, workdir: str | Path, keep: int, read_only: bool = False, protected: int | None = None):
         workdir = Path(workdir).absolute()
         self.read_only, self.keep, self.protected = read_only, keep, protected
-        self.latest = ocp.CheckpointManager(
+        policies = ocp.checkpoint_managers
+        newest = policies.LatestN(keep)
+        self.latest = _manager(
             workdir / "checkpoints",
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep if protected is None else None, read_only=read_only, create=not read_only
-            ),
+            newest
+            if protected is None
+            else policies.AnyPreservationPolicy([newest, policies.CustomSteps([protected])]),
+            read_only,
         )
-        self.best = ocp.CheckpointManager(
+        self.best = _manager(
             workdir / "best",
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=1,
-                best_fn=lambda m: m["dev_loss"],
-                best_mode="min",
-                read_only=read_only,
-                create=not read_only,
-            ),
+            policies.BestN(get_metric_fn=_dev_loss, reverse=True, n=1),  # reverse: the lowest loss ranks highest
+            read_only,
+            best_fn=_dev_loss,  # not for the policy (which overrides it): orbax writes a step's metrics only with it
+            best_mode="min",
         )
+        self._in_flight: dict[int, int] = {}  # id(manager): the step it is writing
+        self._quiet = _RefusalFilter()
+        if not read_only:  # orbax logs through absl's logger, from its save threads too
+            logging.getLogger("absl").addFilter(self._quiet)
 
     def save(self, step: int, state) -> None:
-        try:
-            with _quiet_refusals():
-                self._save(step, state)
-        except Exception as error:  # a full disk or read-only mount: one error naming the step's folder
-            if refusal := files.naming(error, Path(self.latest.directory) / str(step)):
-                raise refusal from error
-            raise
-
-    def _save(self, step: int, state) -> None:
+        """Start saving `state` as step `step` of checkpoints/ (nothing if the step is there already)."""
         if step not in self.latest.all_steps():
-            self.latest.save(step, args=ocp.args.StandardSave(state))
-            self.latest.wait_until_finished()
-            _write_checksums(self.latest, step, state)
-            if self.protected is not None:  # rotation by hand: the `keep` newest and the protected step
-                rotated = sorted(s for s in self.latest.all_steps() if s != self.protected)
-                for old in rotated[: max(0, len(rotated) - self.keep)]:
-                    self.latest.delete(old)
+            self._start(self.latest, step, state)
 
     def save_if_best(self, step: int, state, dev_loss: float) -> None:
-        try:
-            with _quiet_refusals():
-                self._save_if_best(step, state, dev_loss)
-        except Exception as error:
-            if refusal := files.naming(error, Path(self.best.directory) / str(step)):
-                raise refusal from error
-            raise
+        """Start saving `state` as step `step` of best/; orbax's policy then keeps it only if its loss is the lowest."""
+        self._start(self.best, step, state, {"dev_loss": dev_loss})
 
-    def _save_if_best(self, step: int, state, dev_loss: float) -> None:
-        if self.best.save(step, args=ocp.args.StandardSave(state), metrics={"dev_loss": dev_loss}):
-            self.best.wait_until_finished()
-            _write_checksums(self.best, step, state)
+    def _start(self, manager, step: int, state, metrics: dict | None = None) -> None:
+        self._finish(manager)  # orbax would wait for it inside `save`: here its error names its own step
+        sums = _named_checksums(state)  # every process computes (the arrays may be sharded over all of them)
+        with _naming(manager, step):
+            manager.save(
+                step,
+                args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), CHECKSUMS: ocp.args.JsonSave(sums)}),
+                metrics=metrics,
+            )
+        self._in_flight[id(manager)] = step
+
+    def _finish(self, manager) -> None:
+        if (step := self._in_flight.pop(id(manager), None)) is not None:
+            with _naming(manager, step):
+                manager.wait_until_finished()
+
+    def wait(self) -> None:
+        """Block until every save started is on disk; a failed write raises, naming its step's folder."""
+        try:
+            self._finish(self.latest)
+        finally:
+            self._finish(self.best)
 
     def restore_latest(self, abstract_state):
         """(state, step) from the newest intact checkpoint, skipping damaged ones; (None, 0) if there is none at all.
 
         A writer moves the damaged ones to `checkpoints/damaged/`; NoIntactCheckpoint if every one is damaged.
         """
+        self.wait()  # a step this process is still writing would read as damaged
         state, step, unreadable = _restore_newest(self.latest, abstract_state)
         if unreadable and not self.read_only:
             self.move_aside(unreadable)
@@ -148,6 +187,7 @@ class Checkpoints:
         A best/ being replaced by a running train.py is read again (a few tries) before falling back, and
         the fallback is a warning naming both folders.
         """
+        self.wait()
         for _ in range(3):
             state, step, unreadable = _restore_newest(self.best, abstract_state)
             if state is not None or not unreadable:
@@ -168,6 +208,7 @@ class Checkpoints:
 
     def move_aside(self, steps, folder: str = DAMAGED) -> None:
         """Move `steps` to checkpoints/FOLDER/STEP[.N] (process 0), so their names are free for new saves."""
+        self.wait()  # a step being written is still in orbax's temporary folder: move it once it has its name
 
         def move():
             if not distributed.is_main():
@@ -183,11 +224,15 @@ class Checkpoints:
 
         distributed.main_first("checkpoints-moved-aside", move)
         self.latest.reload()
-        self.latest.reload()
 
     def close(self) -> None:
-        self.latest.close()
-        self.best.close()
+        """Wait for the saves in flight (their error raised, naming the step), then close both managers."""
+        try:
+            self.wait()
+        finally:
+            self.latest.close()  # a failed save has raised its error once: closing does not raise it again
+            self.best.close()
+            logging.getLogger("absl").removeFilter(self._quiet)
 
 
 @jax.jit
@@ -208,19 +253,28 @@ def _named_checksums(state) -> dict[str, int]:
     return {jax.tree_util.keystr(path): int(value) for path, value in jax.tree_util.tree_leaves_with_path(sums)}
 
 
-def _write_checksums(manager, step: int, state) -> None:
-    sums = _named_checksums(state)  # every process computes (the arrays may be sharded over all of them)
-    step_dir = Path(manager.directory) / str(step)
-    if distributed.is_main() and step_dir.is_dir():  # `best` may already have dropped a step that was not better
-        files.write_atomic(step_dir / CHECKSUM_FILE, json.dumps(sums, indent=0))
+def _legacy(manager, step: int) -> bool:
+    """Whether step `step` was written before the two items: its state in STEP/default/ (orbax's own test for a
+    single-item step), its checksums in STEP/CHECKSUM_FILE."""
+    return (Path(manager.directory) / str(step) / LEGACY_STATE).exists()
 
 
-def _verify(manager, step: int, state) -> None:
-    """ValueError naming the first array whose bits differ from what was saved, or saying there are no checksums."""
-    path = Path(manager.directory) / str(step) / CHECKSUM_FILE
-    if not path.exists():
-        raise ValueError(f"{path} is missing (a save cut off before its checksums?): the arrays cannot be checked")
-    saved = json.loads(path.read_text())
+def _saved_checksums(manager, step: int) -> dict:
+    """The checksums saved with step `step`: {array name: sum}; an error if they are missing or garbled."""
+    if _legacy(manager, step):
+        path = Path(manager.directory) / str(step) / CHECKSUM_FILE
+        if not path.exists():
+            raise ValueError(f"{path} is missing (a save cut off before its checksums?): the arrays cannot be checked")
+        sums = json.loads(path.read_text())
+    else:
+        sums = manager.restore(step, args=ocp.args.Composite(**{CHECKSUMS: ocp.args.JsonRestore()}))[CHECKSUMS]
+    if not isinstance(sums, dict):
+        raise ValueError(f"the checksums of checkpoint {step} are not a JSON object: the arrays cannot be checked")
+    return sums
+
+
+def _verify(saved: dict, state) -> None:
+    """ValueError naming the first array whose bits differ from the checksums `saved` with it."""
     for name, value in _named_checksums(state).items():
         if saved.get(name) != value:
             raise ValueError(f"array {name} does not match its checksum (damaged on disk)")
@@ -232,21 +286,28 @@ def _restore_newest(manager, abstract_state):
     quiet_abandoned_reads()  # before the restore: a damaged step's abandoned reads end while orbax still unwinds
     unreadable = []
     for step in sorted(manager.all_steps(), reverse=True):
+        item = LEGACY_STATE if _legacy(manager, step) else STATE
         try:
-            saved = _saved_arrays(manager, step)
+            saved = _saved_arrays(manager, step, item)
         except Exception as error:  # unreadable metadata: damage, handled with the restore below
             saved = None
             logging.debug("metadata of checkpoint %d unreadable: %s", step, error)
-        _check_same_arrays(manager, step, saved, target)
         try:
-            state = manager.restore(step, args=ocp.args.StandardRestore(target))
-            _verify(manager, step, state)
+            sums, unchecked = _saved_checksums(manager, step), None
+        except Exception as error:  # missing or garbled: the step cannot be verified, handled below
+            sums, unchecked = None, error
+        _check_same_arrays(manager, step, saved, sums, target)
+        try:
+            if unchecked is not None:
+                raise unchecked
+            state = manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))[item]
+            _verify(sums, state)
         except Exception as error:  # a half-written or damaged step: fall back to the previous one
             logging.warning(
                 "checkpoint %d in %s is unreadable (%s); trying an older one",
                 step,
                 manager.directory,
-                str(error).splitlines()[0][:200],
+                str(error).splitlines()[0][:200] if str(error) else type(error).__name__,
             )
             unreadable.append(step)
             continue
@@ -317,35 +378,33 @@ class _RefusalFilter(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_refusals():
-    quiet = _RefusalFilter()
-    logger = logging.getLogger("absl")  # orbax logs through absl's logger, from its save threads too
-    logger.addFilter(quiet)
+def _naming(manager, step: int):
+    """A file-system refusal (full disk, read-only mount) raised inside as one error naming step `step`'s folder."""
     try:
         yield
-    finally:
-        logger.removeFilter(quiet)
+    except Exception as error:
+        if refusal := files.naming(error, Path(manager.directory) / str(step)):
+            raise refusal from error
+        raise
 
 
-def _saved_arrays(manager, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{name: (shape, dtype)} of the arrays step `step` holds, from its metadata alone (the arrays are not read)."""
-    metadata = ocp.StandardCheckpointHandler().metadata(Path(manager.directory) / str(step) / "default")
+def _saved_arrays(manager, step: int, item: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{name: (shape, dtype)} of the arrays step `step` holds in `item`, from orbax's item metadata alone (the arrays
+    are not read)."""
+    metadata = manager.metadata(step).item_metadata[item]
     return _arrays(getattr(metadata, "tree", metadata))
 
 
-def _check_same_arrays(manager, step: int, saved: dict | None, target) -> None:
+def _check_same_arrays(manager, step: int, saved: dict | None, sums: dict | None, target) -> None:
     """ConfigMismatch naming the first array that checkpoint `step` and the config's state hold differently.
 
-    The names come from the step's checksums.json (a file apart from orbax's, so damage to the arrays leaves them),
-    the shapes and dtypes from orbax's metadata (`saved`, None when unreadable). Damage that leaves either unreadable
-    is not a mismatch: the restore finds it.
+    The names come from the step's checksums (`sums`: an item apart from the state's, so damage to the arrays leaves
+    them), the shapes and dtypes from orbax's metadata (`saved`); either is None when unreadable. Damage that leaves
+    either unreadable is not a mismatch: the restore finds it.
     """
     wanted, what = _arrays(target), None
-    try:
-        named = set(json.loads((Path(manager.directory) / str(step) / CHECKSUM_FILE).read_text()))
-    except (OSError, ValueError, TypeError):  # missing or garbled: the restore's verification reports it
-        named = None
-    if named is not None:
+    if sums is not None:
+        named = set(sums)
         keys = {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(target)}
         if missing := sorted(keys - named):
             what = f"has no array {missing[0]}, which the requested config builds"

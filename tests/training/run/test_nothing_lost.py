@@ -58,8 +58,10 @@ def test_every_checkpoint_damaged_is_refused_not_restarted_and_kept_aside(tmp_pa
         ckpts.restore_latest(jax.eval_shape(lambda: state(0)))
     assert steps(tmp_path / "checkpoints" / "damaged") == [1, 2, 3]  # kept, not deleted
     ckpts.save(3, state(3))  # the name is free again: a new save is not skipped
-    assert ckpts.latest.all_steps() == [3] and (tmp_path / "checkpoints" / "3" / checkpoints.CHECKSUM_FILE).exists()
+    assert ckpts.latest.all_steps() == [3]
     ckpts.close()
+    sums = tmp_path / "checkpoints" / "3" / checkpoints.CHECKSUMS / checkpoints.CHECKSUM_FILE
+    assert steps(tmp_path / "checkpoints") == [3] and sums.exists()
 
 
 def test_a_damaged_newest_checkpoint_is_moved_aside_and_its_step_saved_again(tmp_path):
@@ -316,7 +318,7 @@ def test_a_run_without_an_intact_checkpoint_is_refused_until_restart_which_keeps
         for step in steps(workdir / "checkpoints"):
             corrupt_every_data_file(workdir / "checkpoints" / str(step), seed=step)
         for step in steps(workdir / "best"):  # best/ too (its checksums off by one): an intact state there is resumed
-            sums = workdir / "best" / str(step) / checkpoints.CHECKSUM_FILE
+            sums = workdir / "best" / str(step) / checkpoints.CHECKSUMS / checkpoints.CHECKSUM_FILE
             sums.write_text(json.dumps({name: value + 1 for name, value in json.loads(sums.read_text()).items()}))
     else:
         for child in (workdir / "checkpoints").iterdir():
@@ -545,6 +547,7 @@ def test_a_reader_waits_for_a_best_being_replaced_instead_of_taking_the_latest(t
     writer = checkpoints.Checkpoints(tmp_path, keep=3)
     writer.save_if_best(1, state(1), dev_loss=2.0)
     writer.save(3, state(3))
+    writer.wait()  # on disk before it is damaged
     corrupt_largest_file(tmp_path / "best" / "1")  # read while being replaced: unreadable for a moment
     replace = threading.Timer(0.3, lambda: writer.save_if_best(2, state(2), dev_loss=1.0))
     replace.start()
