@@ -6,6 +6,8 @@ import csv
 import math
 from pathlib import Path
 
+from training.core.markdown import markdown_table
+
 
 def _cell(value, digits: int) -> str:
     if isinstance(value, float):
@@ -21,7 +23,5 @@ def write(rows, fields, csv_path: Path | None = None, md_path: Path | None = Non
             writer.writerow(fields)
             writer.writerows([_cell(r[k], digits) for k in fields] for r in rows)
     if md_path is not None:
-        numeric = [all(isinstance(r[k], (int, float)) for r in rows) for k in fields]
-        lines = ["| " + " | ".join(fields) + " |", "|" + "".join("---:|" if n else "---|" for n in numeric)]
-        lines += ["| " + " | ".join(_cell(r[k], 2) for k in fields) + " |" for r in rows]
-        md_path.write_text("\n".join(lines) + "\n")
+        align = "".join("r" if all(isinstance(r[k], (int, float)) for r in rows) else "l" for k in fields)
+        md_path.write_text(markdown_table(fields, [[_cell(r[k], 2) for k in fields] for r in rows], align) + "\n")

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sweeps import significance, store, tables
+from training.core.markdown import markdown_table
 
 
 def missing_runs(results: list[dict], spec: dict, seeds: Sequence[int]) -> list[tuple[str, int]]:
@@ -197,17 +198,14 @@ def markdown(
             f"block from the comparisons it enters): {runs}. Why: {why.strip() if why else ''}",
             "",
         ]
-    lines += [
-        tables.PRIMARY,
-        "| " + " | ".join(TITLES) + " |",
-        "|---:|---|---|---|" + "---:|" * (len(TITLES) - 5) + "---|",
-    ]
+    rows = []
     for i, (label, a, b) in enumerate(spec["contrasts"], 1):
         c = tests[label]
         per_seed = ", ".join(f"{to - start:+.2f}" for to, start in zip(c.point, c.reference))
         cells = tables.comparison_cells(c)
         del cells[2]  # Hedges' g: none for paired runs
-        lines.append(f"| {i} | {label} | {a} → {b} | {per_seed} | " + " | ".join(cells) + " |")
+        rows.append([i, label, f"{a} → {b}", per_seed, *cells])
+    lines += [tables.PRIMARY, markdown_table(TITLES, rows, "rlll" + "r" * (len(TITLES) - 5) + "l")]
     family = len(tests)
     lines += ["", tables.detectable_text(family, "these comparisons") + ".", ""]
     lines += _sensitivity_lines(design, spec, tests)
@@ -245,24 +243,22 @@ def _sensitivity_lines(design: dict[str, dict[int, float]], spec: dict, primary:
         ),
         "",
         tables.SENSITIVITY,
-        "| " + " | ".join(SENSITIVITY_TITLES) + " |",
-        "|---:|---|" + "---:|" * (len(SENSITIVITY_TITLES) - 2),
     ]
-    for i, (label, _, _) in enumerate(spec["contrasts"], 1):
-        welch, two_way = models["welch"][label], models["two_way"][label]
-        cells = [
-            tables.signed_cell(welch.difference),
-            tables.ci_cell(welch),
-            tables.p_cell(welch.p),
-            tables.p_cell(welch.p_holm),
-            tables.signed_cell(two_way.difference),
-            tables.ci_cell(two_way),
-            tables.p_cell(two_way.p),
-            tables.p_cell(two_way.p_holm),
+
+    def cells(m):  # one model's difference, its CI, p and Holm p
+        return [tables.signed_cell(m.difference), tables.ci_cell(m), tables.p_cell(m.p), tables.p_cell(m.p_holm)]
+
+    rows = [
+        [
+            i,
+            label,
+            *cells(models["welch"][label]),
+            *cells(models["two_way"][label]),
             tables.p_cell(primary[label].p_holm),
         ]
-        lines.append(f"| {i} | {label} | " + " | ".join(cells) + " |")
-    return lines
+        for i, (label, _, _) in enumerate(spec["contrasts"], 1)
+    ]
+    return [*lines, markdown_table(SENSITIVITY_TITLES, rows, "rl" + "r" * (len(SENSITIVITY_TITLES) - 2))]
 
 
 def _batches(results: list[dict], spec: dict, seeds: Sequence[int]) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sweeps import significance, store, tables
+from training.core.markdown import markdown_table
 
 Comparison = tuple[str, int | str, int | str]  # (sweep name, from value, to value)
 
@@ -98,23 +99,20 @@ def _check_study(study: Sequence[Comparison]) -> None:
 def study_markdown(results_dir: Path, study: Sequence[Comparison], title: str) -> str:
     compared = study_comparisons(results_dir, study)
     n = len(study)
+    rows = []
+    for (name, start, to), test in compared.items():
+        if test is None:
+            rows.append([name, f"{start} → {to}", "–", "not run yet"] + [""] * len(tables.COMPARISON_TITLES))
+            continue
+        means = f"{statistics.fmean(test.reference):.2f} → {statistics.fmean(test.point):.2f}"
+        seeds = f"{len(test.reference)} → {len(test.point)}"
+        rows.append([name, f"{start} → {to}", seeds, means, *tables.comparison_cells(test)])
+    titles = ["sweep", "from → to", "seeds", "test BLEU (from → to)", *tables.COMPARISON_TITLES]
     lines = [
         f"# {title}: every comparison, one Holm family over {n}\n",
         tables.PRIMARY,
-        "| sweep | from → to | seeds | test BLEU (from → to) | " + " | ".join(tables.COMPARISON_TITLES) + " |",
-        "|---|---|---:|---:|" + "---:|" * (len(tables.COMPARISON_TITLES) - 1) + "---|",
+        markdown_table(titles, rows, "llrr" + tables.COMPARISON_ALIGN),
     ]
-    for c, test in compared.items():
-        name, start, to = c
-        if test is None:
-            lines.append(f"| {name} | {start} → {to} | – | not run yet |" + " |" * len(tables.COMPARISON_TITLES))
-            continue
-        means = f"{statistics.fmean(test.reference):.2f} → {statistics.fmean(test.point):.2f}"
-        lines.append(
-            f"| {name} | {start} → {to} | {len(test.reference)} → {len(test.point)} | {means} | "
-            + " | ".join(tables.comparison_cells(test))
-            + " |"
-        )
     note = tables.fill(
         "study", n=n, margin=f"{significance.MARGIN:g}", detectable=tables.detectable_text(n, f"the study's {n}")
     )

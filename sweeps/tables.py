@@ -22,6 +22,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 from sweeps import curves, significance, store
+from training.core.markdown import markdown_table
 
 # Vaswani et al. 2017, Table 3 rows (A): WMT14 en-de newstest2013, Transformer-base, 100k steps.
 PAPER_HEADS = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}
@@ -261,6 +262,7 @@ COMPARISON_TITLES = [
     "detectable difference (80 % power at Holm's α / m)",
     "verdict",
 ]
+COMPARISON_ALIGN = "r" * (len(COMPARISON_TITLES) - 1) + "l"  # the numbers right, the verdict left
 
 
 def detectable_text(family: int, what: str) -> str:
@@ -301,17 +303,11 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
     first = min(r["seed"] for r in results)  # a replication's seeds start later (SWEEP_FIRST_SEED)
     titles = [key, "seeds", "test BLEU (mean)", *COMPARISON_TITLES, f"scored steps (seed {first} / {first + 1} / ...)"]
     titles += [f"paper: dev BLEU − {key}={reference}'s"] if paper else []
-    lines = [
-        f"## Test BLEU against {key} = {reference}, over seeds "
-        + ("(the primary result)\n" if primary else "(secondary: the registered analysis above is primary)\n"),
-        PRIMARY if primary else SECONDARY,
-        "| " + " | ".join(titles) + " |",
-        "|---|---:|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|---|" + ("---:|" if paper else ""),
-    ]
+    rows = []
     for value in spec["values"]:
         runs = [r for r in results if r["value"] == value]
         if not runs:
-            lines.append(f"| {value} | 0 | not run yet |" + " |" * (len(titles) - 3))
+            rows.append([value, 0, "not run yet"] + [""] * (len(titles) - 3))
             continue
         cells = [str(value), str(len(runs)), f"{statistics.fmean(bleu[value]):.2f}"]
         cells += (
@@ -323,7 +319,13 @@ def seed_markdown(results: list[dict], spec: dict, primary: bool = True) -> str:
         if paper:
             ours, theirs = paper_numbers(key, runs[0]), paper_numbers(key, base)
             cells.append(f"{ours[1] - theirs[1]:+.1f}" if ours and theirs and value != reference else "–")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = [
+        f"## Test BLEU against {key} = {reference}, over seeds "
+        + ("(the primary result)\n" if primary else "(secondary: the registered analysis above is primary)\n"),
+        PRIMARY if primary else SECONDARY,
+        markdown_table(titles, rows, "lrr" + COMPARISON_ALIGN + "l" + ("r" if paper else "")),
+    ]
     holm_m = significance.family_size([c.p for c in compared.values()], len(spec["values"]) - 1)
     if primary:
         lines.append("\n" + verdict_line(key, compared))
@@ -364,22 +366,20 @@ def contrasts_markdown(results: list[dict], spec: dict, primary: bool = True) ->
         {label: significance.compare_seeds(to, start) for label, (start, to) in ready.items()}, len(contrasts)
     )
     titles = ["comparison", "from → to", "seeds", *COMPARISON_TITLES]
-    lines = [
-        "## The decomposition: one change at a time" + ("" if primary else " (secondary: no verdicts)") + "\n",
-        PRIMARY if primary else SECONDARY,
-        "| " + " | ".join(titles) + " |",
-        "|---|---|---:|" + "---:|" * (len(COMPARISON_TITLES) - 1) + "---|",
-    ]
+    rows = []
     for label, a, b in contrasts:
         if label not in tests:
             missing = " and ".join(v for v in (a, b) if v not in bleu)
-            lines.append(f"| {label} | {a} → {b} | – | {missing} not run yet |" + " |" * (len(COMPARISON_TITLES) - 1))
-            continue
-        lines.append(
-            f"| {label} | {a} → {b} | {len(bleu[a])} → {len(bleu[b])} | "
-            + " | ".join(comparison_cells(tests[label], primary))
-            + " |"
-        )
+            rows.append([label, f"{a} → {b}", "–", f"{missing} not run yet"] + [""] * (len(COMPARISON_TITLES) - 1))
+        else:
+            rows.append(
+                [label, f"{a} → {b}", f"{len(bleu[a])} → {len(bleu[b])}", *comparison_cells(tests[label], primary)]
+            )
+    lines = [
+        "## The decomposition: one change at a time" + ("" if primary else " (secondary: no verdicts)") + "\n",
+        PRIMARY if primary else SECONDARY,
+        markdown_table(titles, rows, "llr" + COMPARISON_ALIGN),
+    ]
     family = significance.family_size([c.p for c in tests.values()], len(contrasts))
     lines.append(f"\n{fill('contrasts', family=family, detectable=detectable_text(family, 'these comparisons'))}\n")
     return "\n".join(lines) + "\n"
@@ -400,17 +400,18 @@ def per_seed_markdown(results: list[dict], spec: dict) -> str:
     key = spec["key"]
     columns = [c for c in PER_SEED if any(c[1] in r for r in results)]
     letters = batch_letters(results)
-    lines = [
-        "## Per seed\n",
-        f"| {key} | seed | " + " | ".join(t for t, _, _ in columns) + " | trained steps | batch |",
-        "|---|---:|" + "---:|" * (len(columns) + 1) + "---|",
+    rows = [
+        [
+            r["value"],
+            r["seed"],
+            *(fmt.format(r[field]) if field in r else "–" for _, field, fmt in columns),
+            f"{r['num_train_steps']:,}" if "num_train_steps" in r else "–",
+            letters[batch_label(r)],
+        ]
+        for r in results
     ]
-    for r in results:
-        cells = [fmt.format(r[field]) if field in r else "–" for _, field, fmt in columns]
-        trained = f"{r['num_train_steps']:,}" if "num_train_steps" in r else "–"
-        lines.append(
-            f"| {r['value']} | {r['seed']} | " + " | ".join(cells) + f" | {trained} | {letters[batch_label(r)]} |"
-        )
+    titles = [key, "seed", *(t for t, _, _ in columns), "trained steps", "batch"]
+    lines = ["## Per seed\n", markdown_table(titles, rows, "lr" + "r" * (len(columns) + 1) + "l")]
     lines.append(f"\n{fill('per_seed')}\n")
     return "\n".join(lines) + "\n"
 
@@ -448,12 +449,12 @@ def batches_legend(groups: dict[object, list[dict]], key: str, letters: dict[str
     for point, point_runs in groups.items():
         for r in sorted(point_runs, key=lambda r: r["seed"]):
             runs.setdefault(batch_label(r), {}).setdefault(point, []).append(r["seed"])
-    lines = ["## Batches\n", f"| batch | commit × CPU kind | runs ({key}: seeds) |", "|---|---|---|"]
-    for label, letter in letters.items():
-        if label not in runs:
-            continue
-        named = "; ".join(f"{point}: {', '.join(map(str, seeds))}" for point, seeds in runs[label].items())
-        lines.append(f"| {letter} | {label} | {named} |")
+    rows = [
+        [letter, label, "; ".join(f"{point}: {', '.join(map(str, seeds))}" for point, seeds in runs[label].items())]
+        for label, letter in letters.items()
+        if label in runs
+    ]
+    lines = ["## Batches\n", markdown_table(["batch", "commit × CPU kind", f"runs ({key}: seeds)"], rows)]
     lines.append(f"\n{fill('batches')}\n")
     return "\n".join(lines) + "\n"
 
@@ -495,16 +496,13 @@ def sensitivity_table(
     pooled = significance.adjust(
         significance.pooled_contrasts({k: list(s.values()) for k, s in seeds.items()}, ready), family
     )
-    lines = [
-        SENSITIVITY,
-        "| comparison | " + " | ".join([*SENSITIVITY_TITLES[:-1], welch_title]) + " |",
-        "|---|---|---|---:|" + "---:|" * (len(SENSITIVITY_TITLES) - 3),
-    ]
+    rows = []
     for label, (start, to) in ready.items():
         a, b = paired[label], pooled[label]
         batch_of = [{r["seed"]: batch_label(r) for r in groups[side]} for side in (start, to)]
         within = sum(batch_of[0][seed] == batch_of[1][seed] for seed in a.seeds)
         cells = [
+            label,
             " → ".join(" ".join(seed_batches(groups[side], letters)) for side in (start, to)),
             "yes" if crosses_batches(groups[start] + groups[to]) else "no",
             f"{_seed_list(a.seeds)} ({within} in one batch)",
@@ -517,8 +515,9 @@ def sensitivity_table(
             p_cell(b.p_holm),
             p_cell(primary[label].p_holm) if label in primary else "–",
         ]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    titles = ["comparison", *SENSITIVITY_TITLES[:-1], welch_title]
+    return [SENSITIVITY, *markdown_table(titles, rows, "lll" + "r" * (len(SENSITIVITY_TITLES) - 2)).split("\n")]
 
 
 def seed_batches(runs: list[dict], letters: dict[str, str]) -> list[str]:
@@ -688,7 +687,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
         + (["paper dev PPL", "paper dev BLEU"] if paper else [])
         + [p_title, "seeds", "commits", "machines"]
     )
-    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    table = []
     for row in rows:
         cells = []
         for _, field, fmt in columns:
@@ -705,9 +704,9 @@ def markdown(rows: list[dict], spec: dict) -> str:
         cells.append(str(row["seeds"]))
         cells.append(row["commits"])
         cells.append(row["machines"])
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(cells)
     note = fill("means", trials=f"{significance.AR_TRIALS:,}", key=key, reference=reference)
-    return "\n".join(lines) + "\n" + f"\n{note}\n"
+    return f"{markdown_table(titles, table)}\n\n{note}\n"
 
 
 def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict) -> str:
@@ -726,20 +725,25 @@ def curves_markdown(run_curves: list[tuple[int | str, curves.Curve]], spec: dict
     mean = statistics.fmean
     spread = lambda xs, fmt: f" ± {statistics.stdev(xs):{fmt}}" if len(xs) > 1 else ""  # in its mean's format
     reference_steps = mean(per_value[reference]["steps"]) if reference in per_value else None
-    lines = [
-        f"\n## Dev curves ({evaluation_cadence([curve for _, curve in run_curves])})\n",
-        f"| {key} | final dev loss | dev PPL gain over the last 20 % of steps | steps to dev loss {target:.3f} | "
-        f"÷ {key}={reference}'s | runs |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    titles = [key, "final dev loss", "dev PPL gain over the last 20 % of steps", f"steps to dev loss {target:.3f}"]
+    titles += [f"÷ {key}={reference}'s", "runs"]
+    rows = []
     for value, entry in per_value.items():
         steps = mean(entry["steps"])
-        ratio = f"{steps / reference_steps:.2f}" if reference_steps else "–"
-        lines.append(
-            f"| {value} | {mean(entry['final']):.3f}{spread(entry['final'], '.3f')} | "
-            f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']], '.2f')} | "
-            f"{steps:,.0f}{spread(entry['steps'], ',.0f')} | {ratio} | {len(entry['final'])} |"
+        rows.append(
+            [
+                value,
+                f"{mean(entry['final']):.3f}{spread(entry['final'], '.3f')}",
+                f"{100 * mean(entry['tail']):.2f} %{spread([100 * t for t in entry['tail']], '.2f')}",
+                f"{steps:,.0f}{spread(entry['steps'], ',.0f')}",
+                f"{steps / reference_steps:.2f}" if reference_steps else "–",
+                len(entry["final"]),
+            ]
         )
+    lines = [
+        f"\n## Dev curves ({evaluation_cadence([curve for _, curve in run_curves])})\n",
+        markdown_table(titles, rows, "lrrrrr"),
+    ]
     lines.append(f"\n{fill('curves', target=f'{target:.3f}')}\n")
     return "\n".join(lines) + "\n"
 

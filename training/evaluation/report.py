@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from training.core import files
+from training.core.markdown import markdown_table
 
 
 def read_metrics(workdir: str | Path) -> tuple[list[dict], list[dict]]:
@@ -17,17 +18,13 @@ def read_metrics(workdir: str | Path) -> tuple[list[dict], list[dict]]:
 def curve_table(workdir: str | Path) -> str:
     """One row per evaluation: dev loss, perplexity, greedy BLEU, and the training loss/speed then."""
     train, evals = read_metrics(workdir)
-    lines = [
-        "| step | dev loss | dev perplexity | dev BLEU (greedy) | train loss | target tokens/s |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for e in evals:
         last = max((t for t in train if t["step"] <= e["step"]), key=lambda t: t["step"], default={})
-        lines.append(
-            f"| {e['step']} | {e['loss']:.3f} | {e['perplexity']:.2f} | {e['bleu']:.2f} "
-            f"| {last.get('loss', float('nan')):.3f} | {last.get('tokens_per_s', float('nan')):,.0f} |"
-        )
-    return "\n".join(lines)
+        then = [f"{last.get('loss', float('nan')):.3f}", f"{last.get('tokens_per_s', float('nan')):,.0f}"]
+        rows.append([e["step"], f"{e['loss']:.3f}", f"{e['perplexity']:.2f}", f"{e['bleu']:.2f}", *then])
+    titles = ["step", "dev loss", "dev perplexity", "dev BLEU (greedy)", "train loss", "target tokens/s"]
+    return markdown_table(titles, rows, "rrrrrr")
 
 
 if __name__ == "__main__":
