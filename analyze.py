@@ -19,7 +19,7 @@ from absl import app, flags
 from absl.flags import argparse_flags
 
 from analysis import heads, importance, maps, pruning, roles, tables, uptrain, workdir
-from training.core import compile_cache, errors, logs
+from training.core import compile_cache, errors, logs, platforms
 from training.data import corpus
 
 
@@ -223,4 +223,5 @@ def check_arguments(args) -> None:
 
 
 if __name__ == "__main__":
+    platforms.choose()  # JAX on the CPU alone where no accelerator shows (docs/training.md)
     errors.run_reporting_user_errors("analyze.py", lambda: app.run(run_command, flags_parser=parse_arguments))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from training.core import compile_cache, errors
+from training.core import compile_cache, errors, platforms
 from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
@@ -80,4 +80,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    platforms.choose()  # JAX on the CPU alone where no accelerator shows (docs/training.md)
     errors.run_reporting_user_errors("eval.py", lambda: app.run(main))

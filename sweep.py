@@ -38,7 +38,7 @@ if (
 from absl import app, flags
 from absl.flags import argparse_flags
 
-from training.core import errors, logs
+from training.core import errors, logs, platforms
 from training.run import aot
 from sweeps import launch, plan, point_run, registered, schema, study, tables as sweep_tables
 from sweeps.adopt import adopt_stored
@@ -254,4 +254,5 @@ def main(args) -> None:
 
 
 if __name__ == "__main__":
+    platforms.choose()  # JAX on the CPU alone where no accelerator shows (docs/training.md)
     errors.run_reporting_user_errors("sweep.py", lambda: app.run(main, flags_parser=parse_arguments))

@@ -9,7 +9,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from training.core import errors, logs
+from training.core import errors, logs, platforms
 from training.parallel import distributed
 from training.run.loop import train_and_evaluate
 
@@ -37,4 +37,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    platforms.choose()  # JAX on the CPU alone where no accelerator shows (docs/training.md)
     errors.run_reporting_user_errors("train.py", lambda: (errors.check_config_path(sys.argv[1:]), app.run(main)))

@@ -1,14 +1,16 @@
 """Test-wide JAX settings: fail on implicit rank promotion, as nanodo does; compile for speed of compiling."""
 
 import os
-from pathlib import Path
+
+from training.core import platforms
 
 # The aot extra installs libtpu and the CUDA plugin, and JAX opens every platform it finds when it starts:
-# on a machine with neither accelerator each try prints errors (the CUDA plugin a traceback) into the
-# stderr that the CLI tests read. Where no NVIDIA or TPU device file exists, the suite (and its
-# subprocesses) runs on the CPU it would fall back to anyway; on a GPU or TPU machine JAX chooses as usual.
-if not any(Path(device).exists() for device in ("/dev/nvidiactl", "/dev/accel0", "/dev/vfio/0")):
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# on a machine with neither accelerator each try prints errors (the CUDA plugin a traceback). Where the
+# machine shows no accelerator, the suite runs on the CPU it would fall back to anyway, as the CLIs do
+# (training.core.platforms), and through the environment so that its plain `python -c` subprocesses do too;
+# on a GPU or TPU machine JAX chooses as usual. tests/training/core/test_platforms.py starts train.py without it.
+if chosen := platforms.platforms_for():
+    os.environ["JAX_PLATFORMS"] = chosen
 
 # The suite's programs are tiny, so its time is compiling them: LLVM's -O0 cuts the default suite's CPU
 # time by about a quarter (660 s -> 476 s on one core). Set before JAX makes its CPU client; subprocesses
@@ -38,5 +40,5 @@ jax.config.update("jax_compilation_cache_dir", SESSION_CACHE)
 # theirs). A test about the user's default unsets it for its subprocess.
 os.environ["JAX_COMPILATION_CACHE_DIR"] = SESSION_CACHE
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-# Prepared training data (training.data.prepared) likewise goes to the session's own cache, never the user's.
+# Prepared training data (training.prepared) likewise goes to the session's own cache, never the user's.
 os.environ["HEADCOUNT_PREPARED"] = tempfile.mkdtemp(prefix="headcount-prepared-")
