@@ -14,7 +14,8 @@ from training.core import files
 
 class MetricsWriter:
     def __init__(self, workdir: str | Path, resume_step: int = 0):
-        """Records after `resume_step` (logged before an interruption, redone now) and a torn last line are dropped."""
+        """Records after `resume_step` (logged before an interruption, redone now) and a torn last line are dropped,
+        from metrics.jsonl and from what TensorBoard shows."""
         self.enabled = jax.process_index() == 0
         self.records: list[dict] = []  # those kept (process 0)
         if self.enabled:
@@ -30,7 +31,10 @@ class MetricsWriter:
                 )
             files.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
             self.jsonl = open(path, "a", encoding="utf-8")
-            self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
+            # The records after `resume_step` are redone: a SessionLog.START at the next step, written first, makes
+            # TensorBoard hide the points this workdir's earlier event files hold from that step on, as the
+            # rewrite above drops them from metrics.jsonl (a fresh run's start hides nothing).
+            self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, record: dict) -> None:
         """`record` holds `step` and scalars; `split` (if present) prefixes the TensorBoard tags."""
