@@ -77,17 +77,28 @@ class StackedTrainer:
             step_lib.train_step, label_smoothing=label_smoothing, pick=backends.target_logits(platform)
         )
 
-        def masked(state, batch, rng, active):
-            """One seed's step; where the seed is stopped (`active` False) its state stays as it was."""
-            new, metrics = step(state, batch, rng)
-            return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, state), metrics
+        def compiled(grad_norm: bool):
+            def masked(state, batch, rng, active):
+                """One seed's step; where the seed is stopped (`active` False) its state stays as it was."""
+                new, metrics = step(state, batch, rng, grad_norm=grad_norm)
+                return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, state), metrics
 
-        self.step_fn = jax.jit(
-            jax.vmap(masked),
-            in_shardings=(self.state_sharding, self.batch_sharding, self.state_sharding, self.state_sharding),
-            out_shardings=(self.state_sharding, self.state_sharding),
-            donate_argnums=0,
-        )
+            return jax.jit(
+                jax.vmap(masked),
+                in_shardings=(self.state_sharding, self.batch_sharding, self.state_sharding, self.state_sharding),
+                out_shardings=(self.state_sharding, self.state_sharding),
+                donate_argnums=0,
+            )
+
+        # as the single-run trainers: the gradient norm in every step on XLA:CPU, else only in the logged steps'
+        self.logged_step_fn = compiled(grad_norm=True)
+        self.step_fn = self.logged_step_fn if backends.grad_norm_every_step(platform) else compiled(grad_norm=False)
+
+    def abstract_state(self, batch) -> object:
+        """Shapes, dtypes and shardings of the stacked train state (nothing computed): what a compile needs."""
+        create = functools.partial(step_lib.create_state, self.model, self.tx, batch=batch)
+        abstract = jax.eval_shape(jax.vmap(create), jax.random.split(jax.random.key(0), self.seeds))
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.state_sharding), abstract)
 
     def init_state(self, rngs: jax.Array, batch) -> object:
         """The stacked train state: seed i's parameters from `rngs[i]`, as `step.create_state` makes one run's
@@ -113,8 +124,9 @@ class StackedTrainer:
             for name in batches[0]
         }
 
-    def step(self, state, batch, rngs, active=None):
-        """One step of every seed; `active` [seeds] bool (default all): a stopped seed's state is kept as it was.
-        Returns (the new stacked state, metrics {name: [seeds]})."""
+    def step(self, state, batch, rngs, active=None, logged: bool = True):
+        """One step of every seed; `active` [seeds] bool (default all): a stopped seed's state is kept as it was;
+        `logged`: this step's metrics hold the gradient norm. Returns (the new stacked state, metrics {name:
+        [seeds]})."""
         active = jnp.ones((self.seeds,), bool) if active is None else jnp.asarray(active, bool)
-        return self.step_fn(state, batch, rngs, active)
+        return (self.logged_step_fn if logged else self.step_fn)(state, batch, rngs, active)

@@ -51,7 +51,7 @@ from training.core.errors import RunRefused
 from training.data.batching import PACKING_FIELDS, Batch, eval_lengths
 from training.evaluation import dev as dev_lib
 from training.evaluation import translate
-from training.parallel import sharding, trainers
+from training.parallel import sharding, stacked, trainers
 from training.run.hlo import collectives, parse as parse_hlo
 from training.run.hlo import counts as hlo_counts  # aot.hlo_counts, as bench/aot.py names it
 
@@ -276,8 +276,11 @@ def compile_programs(
     programs: tuple[str, ...] = PROGRAMS,
     devices=None,
     keep_hlo: bool = False,
+    stack: int = 0,
 ) -> dict:
     """Compile `programs` of `config` for `target` over a (data, model) mesh; {program: `program_report`}.
+
+    stack: S > 0 compiles the train step of S seeds stacked into one program instead (`_stacked_train`).
 
     rows: the global training batch's rows (None: the config's, `train_shape`). The train step is the
     run's own (`MeshTrainer.step_fn`, state donated; on a GPU or TPU the step of the unlogged steps, without
@@ -307,7 +310,9 @@ def compile_programs(
     state = trainer.abstract_state(jax.random.key(0), batch)
     reports = {}
     key_type = jax.random.key(0).dtype
-    if "train" in programs:
+    if "train" in programs and stack:
+        reports["train"] = _stacked_train(config, net, tx, target, devices, stack, rows, length, packed, keep_hlo)
+    elif "train" in programs:
         spec = _batch_spec(rows, length, packed, sharding.batch_sharding(trainer.mesh))
         rng = jax.ShapeDtypeStruct((), key_type, sharding=sharding.replicated(trainer.mesh))
         compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, rng)
@@ -342,6 +347,33 @@ def compile_programs(
 
 
 BEAM_SIZE = 4  # eval.py's --beam_size default: the config names no beam size (`eval.beam_size` overrides it)
+
+
+def _stacked_train(config, net, tx, target: Target, devices, stack: int, rows: int, length: int, packed, keep_hlo):
+    """The train step of `stack` seeds stacked (`training.parallel.stacked`) on a (seed, data) mesh over `devices`,
+    each seed's batch `rows` x `length`, compiled for `target`: its `program_report`, with the seeds ("stack")."""
+    trainer = stacked.StackedTrainer(net, tx, config.optimizer.label_smoothing, stack, devices)
+    zeros = np.zeros((rows, length), np.int32)
+    state = trainer.abstract_state(Batch(zeros, zeros, zeros, zeros.astype(np.float32)))
+    rows = sharding.padded_rows(rows, trainer.mesh)
+    spec = {
+        name: jax.ShapeDtypeStruct((stack, *struct.shape), struct.dtype, sharding=trainer.batch_sharding)
+        for name, struct in _batch_spec(rows, length, packed, None).items()
+    }
+    per_seed = jax.ShapeDtypeStruct((stack,), jax.random.key(0).dtype, sharding=trainer.state_sharding)
+    active = jax.ShapeDtypeStruct((stack,), jnp.bool_, sharding=trainer.state_sharding)
+    compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, per_seed, active)
+    return program_report(
+        compiled,
+        lower_s,
+        compile_s,
+        target,
+        devices=len(devices),
+        mesh=dict(trainer.mesh.shape),
+        batch=[rows, length],
+        stack=stack,
+        keep_hlo=keep_hlo,
+    )
 
 
 def decode_shape_of(config, net) -> tuple[int, int, int]:
