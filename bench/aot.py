@@ -40,6 +40,7 @@ from ml_collections import config_flags
 
 from bench.lib import releases
 from training.core import errors
+from training.core.markdown import markdown_table
 from training.run import aot
 
 config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:args])", lock_config=True)
@@ -78,14 +79,7 @@ MIB = 2**20
 
 def table(reports: dict) -> str:
     """The report as a Markdown table, one row a program (memory in MiB a device)."""
-    rows = [
-        "memory in MiB a device; needs = argument + output - donated + temp + code; batch: rows x length, "
-        "decode and beam: sources rows x length -> output tokens (the decode step's cache positions)",
-        "",
-        "| program | devices (mesh) | batch | argument | output | temp | code | needs | of HBM | GFLOP / device "
-        "| collectives | fusions | custom calls | lower s | compile s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, r in reports.items():
         m = {k: v / MIB for k, v in r["memory_bytes"].items()}
         mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items()) or "unsharded"
@@ -96,25 +90,35 @@ def table(reports: dict) -> str:
             + (f" -> {r['max_len']}" if "max_len" in r else "")
             + (f", beam {r['beam_size']}" if "beam_size" in r else "")
         )
+        mib = [f"{m[k]:,.1f}" for k in ("argument", "output", "temp", "generated_code", "needed")]
         rows.append(
-            f"| {name} | {r['devices']} ({mesh}) | {batch} | {m['argument']:,.1f} "
-            f"| {m['output']:,.1f} | {m['temp']:,.1f} | {m['generated_code']:,.1f} | {m['needed']:,.1f} "
-            f"| {100 * r['hbm_share']:.1f} % "
-            f"| {flops} | {found} | {r['fusions']} | {r['custom_calls']} | {r['lower_s']:.1f} | {r['compile_s']:.1f} |"
+            [name, f"{r['devices']} ({mesh})", batch, *mib, f"{100 * r['hbm_share']:.1f} %", flops, found]
+            + [r["fusions"], r["custom_calls"], f"{r['lower_s']:.1f}", f"{r['compile_s']:.1f}"]
         )
-    return "\n".join(rows)
+    titles = ["program", "devices (mesh)", "batch", "argument", "output", "temp", "code", "needs", "of HBM"]
+    titles += ["GFLOP / device", "collectives", "fusions", "custom calls", "lower s", "compile s"]
+    return (
+        "memory in MiB a device; needs = argument + output - donated + temp + code; batch: rows x length, "
+        "decode and beam: sources rows x length -> output tokens (the decode step's cache positions)\n\n"
+        + markdown_table(titles, rows, "lll" + "r" * 7 + "l" + "r" * 4)
+    )
 
 
 def searched(result: dict) -> str:
     """A largest-rows search as a Markdown table, one row a compile in order, and its answer."""
     gib = 2**30
-    lines = ["| rows | stage | needs GiB | fits | rematerialized | compile s |", "|---:|---|---:|---|---:|---:|"]
+    rows = []
     for c in result["compiles"]:
         needs = "refused" if c["needed_bytes"] is None else f"{c['needed_bytes'] / gib:.2f}"
         seconds = "" if c["compile_s"] is None else f"{c['compile_s']:.1f}"
         remat = "" if c["rematerialized"] is None else c["rematerialized"]
-        lines.append(f"| {c['rows']} | {c['stage']} | {needs} | {'yes' if c['fits'] else 'no'} | {remat} | {seconds} |")
-    lines += ["", "rematerialized: instructions XLA cloned to recompute a value instead of holding it (aot.hlo_counts)"]
+        rows.append([c["rows"], c["stage"], needs, "yes" if c["fits"] else "no", remat, seconds])
+    titles = ["rows", "stage", "needs GiB", "fits", "rematerialized", "compile s"]
+    lines = [
+        markdown_table(titles, rows, "rlrlrr"),
+        "",
+        "rematerialized: instructions XLA cloned to recompute a value instead of holding it (aot.hlo_counts)",
+    ]
     if result["line"] is not None:
         a, b = result["line"]
         lines += [

@@ -34,6 +34,7 @@ import attention
 from attention import family
 from bench.lib import CLOCKS, cpu_description
 from experiments.lib import member_options
+from training.core.markdown import markdown_row, markdown_table
 
 B, H, D = 1, 8, 64
 
@@ -104,8 +105,8 @@ def planned_gib(step, params, q, k, v) -> float:
 
 def run(lengths, reps, clock, max_gib, members=None, window=None):
     now = CLOCKS[clock]
-    print("| N | causal | formulation | fwd+bwd ms | × xla | × blockwise | planned GiB | × xla memory |")
-    print("|---|---|---|---|---|---|---|---|")
+    titles = ["N", "causal", "formulation", "fwd+bwd ms", "× xla", "× blockwise", "planned GiB", "× xla memory"]
+    print(markdown_table(titles, []))
     for N in lengths:
         keys = jax.random.split(jax.random.key(N), 3)
         q, k, v = (jax.random.normal(kk, (B, N, H, D), jnp.float32) for kk in keys)
@@ -127,9 +128,9 @@ def run(lengths, reps, clock, max_gib, members=None, window=None):
             ratio = lambda name, to: f"{ms[name] / ms[to]:.2f}" if name in ms and to in ms else ""
             for name in steps:
                 timed = f"{ms[name]:.0f}" if name in ms else f"not run: plans > {max_gib:g} GiB"
+                planned = [f"{memory[name]:.3f}", f"{memory[name] / memory['xla']:.2f}"]
                 print(
-                    f"| {N} | {causal} | {name} | {timed} | {ratio(name, 'xla')} | {ratio(name, 'blockwise')} | "
-                    f"{memory[name]:.3f} | {memory[name] / memory['xla']:.2f} |",
+                    markdown_row([N, causal, name, timed, ratio(name, "xla"), ratio(name, "blockwise"), *planned]),
                     flush=True,
                 )
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 import attention
 from bench.lib import CLOCKS, ROOT, cpu_description, median_ms
+from training.core.markdown import markdown_row, markdown_table
 
 # (batch, length, query heads, head dim, kv heads)
 DEFAULT_SHAPES = (
@@ -124,18 +125,16 @@ def torch_version(torch_python):
 
 
 def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
-    print(
-        "| B, N, H, Dk, G | causal | formulation | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio | fwd vs torch "
-        "| fwd+bwd vs torch |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    titles = ["B, N, H, Dk, G", "causal", "formulation", "fwd ms", "fwd ratio", "fwd+bwd ms", "fwd+bwd ratio"]
+    print(markdown_table([*titles, "fwd vs torch", "fwd+bwd vs torch"], [], "lll" + "r" * 6))
+    speeds = lambda t, ref: [f"{t[0]:.1f}", f"{t[0] / ref[0]:.2f}", f"{t[1]:.1f}", f"{t[1] / ref[1]:.2f}"]
     for shape in shapes:
         q, k, v, cotangent = inputs(shape, dtype)
+        point = ", ".join(map(str, shape))
         for causal in (False, True):
             if "auto" not in names:
                 print(
-                    f"| {', '.join(map(str, shape))} | {causal} "
-                    f"| impl='auto' picks {auto_choice(shape, causal, dtype)} | | | | | | |"
+                    markdown_row([point, causal, f"impl='auto' picks {auto_choice(shape, causal, dtype)}"] + [""] * 6)
                 )
             torch_ms = torch_timings(torch_python, shape, causal, reps, dtype, clock)
             rows = [("reference", None)] + [(n, None) for n in names] + [("blockwise", b) for b in blocks_list]
@@ -147,18 +146,9 @@ def speed_table(shapes, names, blocks_list, reps, dtype, clock, torch_python):
                 vs_torch = (
                     ("n/a", "n/a") if torch_ms is None else tuple(f"{t / r:.2f}" for t, r in zip(times, torch_ms))
                 )
-                print(
-                    f"| {', '.join(map(str, shape))} | {causal} | {label} | {times[0]:.1f} | {times[0] / ref[0]:.2f} "
-                    f"| {times[1]:.1f} | {times[1] / ref[1]:.2f} | {vs_torch[0]} | {vs_torch[1]} |",
-                    flush=True,
-                )
+                print(markdown_row([point, causal, label, *speeds(times, ref), *vs_torch]), flush=True)
             if torch_ms is not None:
-                print(
-                    f"| {', '.join(map(str, shape))} | {causal} | torch SDPA | {torch_ms[0]:.1f} "
-                    f"| {torch_ms[0] / ref[0]:.2f} "
-                    f"| {torch_ms[1]:.1f} | {torch_ms[1] / ref[1]:.2f} | 1.00 | 1.00 |",
-                    flush=True,
-                )
+                print(markdown_row([point, causal, "torch SDPA", *speeds(torch_ms, ref), "1.00", "1.00"]), flush=True)
 
 
 def label_of(name, blocks, shape, causal, dtype):
@@ -192,8 +182,8 @@ def memory_point(name, N, causal, dtype):
 
 def compiled_memory_table(lengths, names, dtype):
     """XLA's buffer plan for one jitted forward+backward: compiles, never runs (safe at any N)."""
-    print("| formulation | N | causal | arguments + outputs GiB | temporaries GiB | total GiB |")
-    print("|---|---:|---|---:|---:|---:|")
+    titles = ["formulation", "N", "causal", "arguments + outputs GiB", "temporaries GiB", "total GiB"]
+    print(markdown_table(titles, [], "lrlrrr"))
     for N in lengths:
         q, k, v, cotangent = jax.eval_shape(lambda: inputs((1, N, 8, 64, 8), jnp.dtype(dtype)))
         for causal in (False, True):
@@ -204,21 +194,18 @@ def compiled_memory_table(lengths, names, dtype):
                 )
                 stats = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile().memory_analysis()
                 if stats is None:  # a backend without XLA's memory plan
-                    print(f"| {name} | {N} | {causal} | no memory_analysis() on this backend | | |", flush=True)
+                    print(markdown_row([name, N, causal, "no memory_analysis() on this backend", "", ""]), flush=True)
                     continue
                 io = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
                 label = "jax.nn xla (reference)" if name == "reference" else f"headcount {name}"
                 gib = lambda b: b / 2**30
-                print(
-                    f"| {label} | {N} | {causal} | {gib(io):.3f} | {gib(stats.temp_size_in_bytes):.3f} "
-                    f"| {gib(io + stats.temp_size_in_bytes):.3f} |",
-                    flush=True,
-                )
+                sizes = (io, stats.temp_size_in_bytes, io + stats.temp_size_in_bytes)
+                print(markdown_row([label, N, causal, *(f"{gib(b):.3f}" for b in sizes)]), flush=True)
 
 
 def memory_table(lengths, names, dtype):
-    print("| formulation | N | causal | peak RSS GiB | before the computation GiB | peak - before GiB |")
-    print("|---|---:|---|---:|---:|---:|")
+    titles = ["formulation", "N", "causal", "peak RSS GiB", "before the computation GiB", "peak - before GiB"]
+    print(markdown_table(titles, [], "lrlrrr"))
     for N in lengths:
         for causal in (False, True):
             for name in ["reference", *names]:
@@ -227,7 +214,7 @@ def memory_table(lengths, names, dtype):
                     name == "auto" and auto_choice((1, N, 8, 64, 8), causal, dtype) != "blockwise"
                 )
                 if dense and N > MAX_DENSE_MEMORY_N:
-                    print(f"| {label} | {N} | {causal} | not run (dense: O(N²) memory) | | |", flush=True)
+                    print(markdown_row([label, N, causal, "not run (dense: O(N²) memory)", "", ""]), flush=True)
                     continue
                 command = [
                     sys.executable,
@@ -242,11 +229,8 @@ def memory_table(lengths, names, dtype):
                 result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
                 usage = json.loads(result.stdout.strip().splitlines()[-1])
                 gib = lambda b: b / 2**30
-                print(
-                    f"| {label} | {N} | {causal} | {gib(usage['peak']):.2f} | {gib(usage['before']):.2f} "
-                    f"| {gib(usage['peak'] - usage['before']):.2f} |",
-                    flush=True,
-                )
+                sizes = (usage["peak"], usage["before"], usage["peak"] - usage["before"])
+                print(markdown_row([label, N, causal, *(f"{gib(b):.2f}" for b in sizes)]), flush=True)
 
 
 def main():

@@ -37,6 +37,7 @@ from backends import xla_cpu, xla_cpu_bf16
 from bench.lib import Ours, OursDecode, corpus_vocab, cpu_description, no_logits_barrier, our_config
 from configs import default
 from training.core import precision
+from training.core.markdown import markdown_row, markdown_table
 from training.data.corpus import load_corpus
 
 
@@ -110,8 +111,9 @@ def main():
             return side.epoch_rates(args.clock)["useful_tok_s"]
         return 1.0 / side.seconds_per_batch(args.clock)  # batches a second: higher is faster, as tokens/s
 
-    print("\n| round | workload | dtype | variant | speed | variant / as chosen |")
-    print("|---:|---|---|---|---:|---:|")
+    print(
+        "\n" + markdown_table(["round", "workload", "dtype", "variant", "speed", "variant / as chosen"], [], "rlllrr")
+    )
     speeds = {key: [] for key in sides}  # per round, in `order`'s keys
     ratio = lambda key, r: speeds[key][r] / speeds[(*key[:2], "as chosen")][r]
     order = list(sides)
@@ -120,17 +122,15 @@ def main():
             speeds[key].append(measure(key))
         for key in order:
             unit = "useful tok/s" if key[0] == "train" else "batches/s"
-            print(
-                f"| {r + 1} | {key[0]} | {key[1]} | {key[2]} | {speeds[key][r]:,.2f} {unit} | {ratio(key, r):.3f} |",
-                flush=True,
-            )
-    print("\n| workload | dtype | variant | variant / as chosen, median (each round) |")
-    print("|---|---|---|---:|")
+            print(markdown_row([r + 1, *key, f"{speeds[key][r]:,.2f} {unit}", f"{ratio(key, r):.3f}"]), flush=True)
+    print(
+        "\n" + markdown_table(["workload", "dtype", "variant", "variant / as chosen, median (each round)"], [], "lllr")
+    )
     for key in order:
         if key[2] != "as chosen":
             each = [ratio(key, r) for r in range(args.rounds)]
             rounds = ", ".join(f"{x:.3f}" for x in each)
-            print(f"| {key[0]} | {key[1]} | {key[2]} | **{statistics.median(each):.3f}** ({rounds}) |")
+            print(markdown_row([*key, f"**{statistics.median(each):.3f}** ({rounds})"]))
     if {"float32", "bfloat16"} <= set(args.dtypes) and "train" in args.workloads:  # the check's verdict, end to end
         each = [
             b / f for f, b in zip(speeds["train", "float32", "as chosen"], speeds["train", "bfloat16", "as chosen"])

@@ -29,6 +29,7 @@ import attention
 import backends
 from attention import family
 from bench.lib import CLOCKS, cpu_description, median_ms
+from training.core.markdown import markdown_row, markdown_table
 
 BATCH, WIDTH, HEADS = 8, 512, 8
 # the attention formulation training picks for this backend (backends.model_hooks)
@@ -80,11 +81,8 @@ def main():
         f"jax {jax.__version__}, backend {jax.default_backend()}, float32, batch {BATCH}, d_model {WIDTH}, "
         f"{HEADS} query heads, median of {args.reps} steps, {args.clock} clock\n"
     )
-    print(
-        "| layer | KV heads | cache length | KV cache MiB | ms/token donated | vs Flax | ms/token copied "
-        "| copied / donated |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    titles = ["layer", "KV heads", "cache length", "KV cache MiB", "ms/token donated", "vs Flax", "ms/token copied"]
+    print(markdown_table([*titles, "copied / donated"], [], "l" + "r" * 7))
     layers = [
         (
             "flax MultiHeadDotProductAttention (reference)",
@@ -120,11 +118,8 @@ def main():
             donated, size = step_ms(layer, length, args.reps, True, args.clock)
             copied, _ = step_ms(layer, length, args.reps, False, args.clock)
             reference = reference or donated
-            print(
-                f"| {name} | {kv_heads} | {length} | {size / 2**20:.1f} | {donated:.3f} | {donated / reference:.3f} "
-                f"| {copied:.3f} | {copied / donated:.2f} |",
-                flush=True,
-            )
+            times = [f"{donated:.3f}", f"{donated / reference:.3f}", f"{copied:.3f}", f"{copied / donated:.2f}"]
+            print(markdown_row([name, kv_heads, length, f"{size / 2**20:.1f}", *times]), flush=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from backends import xla_cpu
 from bench.lib import OursDecode, corpus_vocab, cpu_description, no_logits_barrier
 from configs import default
 from models import decoding
+from training.core.markdown import markdown_row, markdown_table
 from training.data.corpus import load_corpus
 
 ABLATIONS = ("reorder", "logits_barrier")
@@ -75,14 +76,14 @@ def main():
         f"jax {jax.__version__}, {jax.default_backend()}, {args.dtype}, clock {args.clock}; batch {args.batch}, "
         f"beam 4, {args.steps} steps, {len(intact.batches)} batches a side a round; ablated: {args.ablate}\n"
     )
-    print("| round | s a batch, as it is | s a batch, ablated | ablated / as it is |")
-    print("|---:|---:|---:|---:|")
+    print(markdown_table(["round", "s a batch, as it is", "s a batch, ablated", "ablated / as it is"], [], "rrrr"))
     ratios = []
     for r in range(args.rounds):
         sides = (intact, ablated) if r % 2 == 0 else (ablated, intact)
         seconds = {id(side): side.seconds_per_batch(args.clock) for side in sides}
         ratios.append(seconds[id(ablated)] / seconds[id(intact)])
-        print(f"| {r + 1} | {seconds[id(intact)]:.3f} | {seconds[id(ablated)]:.3f} | {ratios[-1]:.3f} |", flush=True)
+        cells = [f"{seconds[id(intact)]:.3f}", f"{seconds[id(ablated)]:.3f}", f"{ratios[-1]:.3f}"]
+        print(markdown_row([r + 1, *cells]), flush=True)
     print(f"\nmedian ablated / as it is: **{statistics.median(ratios):.3f}** ({', '.join(f'{x:.3f}' for x in ratios)})")
 
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from bench.lib import CLOCKS, SIZES, cpu_description
 from models.dropout import Dropout
+from training.core.markdown import markdown_row, markdown_table
 
 RATE = 0.1
 
@@ -49,8 +50,7 @@ def main():
         f"JAX {jax.__version__}, backend {jax.default_backend()}, rate {RATE}, median of {args.rounds} alternating "
         f"rounds of {args.calls} calls ({args.clock} clock)\n"
     )
-    print("| size | shape | dtype | flax ms | ours ms | × flax |")
-    print("|---|---|---|---:|---:|---:|")
+    print(markdown_table(["size", "shape", "dtype", "flax ms", "ours ms", "× flax"], [], "lllrrr"))
     for size, (model, rows, length, _) in SIZES.items():
         shape = (rows * length, model["d_model"])
         for dtype in args.dtypes:
@@ -67,11 +67,8 @@ def main():
                     jax.block_until_ready(out)
                     times[name].append((now() - start) * 1e3 / args.calls)
             flax_ms, ours_ms = (statistics.median(times[name]) for name in sides)
-            print(
-                f"| {size} | {shape[0]} x {shape[1]} | {dtype} | {flax_ms:.2f} | {ours_ms:.2f} "
-                f"| {ours_ms / flax_ms:.2f} |",
-                flush=True,
-            )
+            times = [f"{flax_ms:.2f}", f"{ours_ms:.2f}", f"{ours_ms / flax_ms:.2f}"]
+            print(markdown_row([size, f"{shape[0]} x {shape[1]}", dtype, *times]), flush=True)
 
 
 if __name__ == "__main__":

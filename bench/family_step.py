@@ -28,6 +28,7 @@ from training.data import tokenizer
 from training.data.batching import Batch, BatchSchedule, as_arrays
 from training.data.corpus import load_corpus
 from training.core import step as step_lib
+from training.core.markdown import markdown_row, markdown_table
 from sweeps.store import git_commit
 
 
@@ -91,8 +92,8 @@ def main():
     counts = np.array([n for _, n, _ in timed])
     steps = {m: member_step(configs[m], vocab, timed[0][0]) for m in args.members}
     rates = {m: [] for m in args.members}
-    print("| round | attention_type | epoch seconds (timed buckets) | target tokens/s | vs softmax |")
-    print("|---:|---|---:|---:|---:|")
+    titles = ["round", "attention_type", "epoch seconds (timed buckets)", "target tokens/s", "vs softmax"]
+    print(markdown_table(titles, [], "rlrrr"))
     for r in range(args.rounds):
         order = [args.members[(i + r) % len(args.members)] for i in range(len(args.members))]
         for m in order:
@@ -103,16 +104,14 @@ def main():
             ]
             rates[m].append(tokens / float(counts @ np.array(seconds)))
         for m in args.members:
-            print(
-                f"| {r} | {m} | {tokens / rates[m][-1]:.1f} | {rates[m][-1]:,.0f} "
-                f"| {rates[m][-1] / rates['softmax'][-1]:.2f}x |",
-                flush=True,
-            )
-    print("\n| attention_type | target tokens/s (median) | vs softmax (median of rounds) |")
-    print("|---|---:|---:|")
+            rate, vs = rates[m][-1], rates[m][-1] / rates["softmax"][-1]
+            print(markdown_row([r, m, f"{tokens / rate:.1f}", f"{rate:,.0f}", f"{vs:.2f}x"]), flush=True)
+    medians = []
     for m in args.members:
         ratio = statistics.median(a / b for a, b in zip(rates[m], rates["softmax"]))
-        print(f"| {m} | {statistics.median(rates[m]):,.0f} | {ratio:.2f}x |")
+        medians.append([m, f"{statistics.median(rates[m]):,.0f}", f"{ratio:.2f}x"])
+    titles = ["attention_type", "target tokens/s (median)", "vs softmax (median of rounds)"]
+    print("\n" + markdown_table(titles, medians, "lrr"))
 
 
 if __name__ == "__main__":

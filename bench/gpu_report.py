@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.lib import STUB_ENV
+from training.core.markdown import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("suite", "attention", "train_step", "preset", "decode")
@@ -115,14 +116,11 @@ def kernel_table(title: str, kernels) -> str:
     if not kernels:
         return f"{title}: no trace events found.\n"
     total = sum(ms for _, ms, _ in kernels)
-    rows = "".join(
-        f"| {i} | `{name[:80]}` | {ms:.3f} | {calls} | {ms / total:.0%} |\n"
-        for i, (name, ms, calls) in enumerate(kernels, 1)
-    )
-    return (
-        f"{title} (3 traced steps; share of these ten):\n\n| # | kernel | ms | calls | share |\n"
-        f"|---:|---|---:|---:|---:|\n{rows}"
-    )
+    rows = [
+        [i, f"`{name[:80]}`", f"{ms:.3f}", calls, f"{ms / total:.0%}"] for i, (name, ms, calls) in enumerate(kernels, 1)
+    ]
+    table = markdown_table(["#", "kernel", "ms", "calls", "share"], rows, "rlrrr")
+    return f"{title} (3 traced steps; share of these ten):\n\n{table}\n"
 
 
 # --- the parts ------------------------------------------------------------------------------------
@@ -169,15 +167,14 @@ def part_attention(args) -> str:
             cells = [f"{t:,.0f}" if isinstance(t, float) else t for t in times.values()]
             ratio = f"{times[impls[0]] / anchor:.2f}" if anchor and isinstance(times[impls[0]], float) else "-"
             rows.append(
-                f"| {B}, {N}, {H}, {D} | {'yes' if causal else 'no'} | {' | '.join(cells)} | "
-                f"{f'{anchor:,.0f}' if anchor else '-'} | {ratio} |"
+                [f"{B}, {N}, {H}, {D}", "yes" if causal else "no", *cells, f"{anchor:,.0f}" if anchor else "-", ratio]
             )
-    head = " | ".join(f"{impl} µs" for impl in impls)
+    titles = ["B, N, heads, d", "causal", *(f"{impl} µs" for impl in impls), "torch SDPA µs", f"{impls[0]} / torch"]
     return (
         f"Forward+backward, bfloat16, µs a call ({args.calls} calls queued, one wait). torch: "
         f"{torch_us.get('version', 'not importable or no CUDA')}.\n\n"
-        f"| B, N, heads, d | causal | {head} | torch SDPA µs | "
-        f"{impls[0]} / torch |\n|---|---|{'---:|' * len(impls)}---:|---:|\n" + "\n".join(rows) + "\n"
+        + markdown_table(titles, rows, "ll" + "r" * (len(impls) + 2))
+        + "\n"
     )
 
 
@@ -266,9 +263,9 @@ def part_train_step(args) -> str:
                 o, p = results["ours"], results["peer"]
                 ratios[size].append(o["useful_tok_s"] / p["useful_tok_s"])
                 text.append(
-                    f"| {r + 1} | {size} | {o['step_s'] * 1e3:.1f} | {o['useful_tok_s']:,.0f} | {o['fill']:.2f} | "
-                    f"{p['median_s'] * 1e3:.1f} | {p['useful_tok_s']:,.0f} | {p['target_nonpad']:.2f} "
-                    f"| {ratios[size][-1]:.2f} |"
+                    [r + 1, size, f"{o['step_s'] * 1e3:.1f}", f"{o['useful_tok_s']:,.0f}", f"{o['fill']:.2f}"]
+                    + [f"{p['median_s'] * 1e3:.1f}", f"{p['useful_tok_s']:,.0f}", f"{p['target_nonpad']:.2f}"]
+                    + [f"{ratios[size][-1]:.2f}"]
                 )
             with jax.profiler.trace(ours_dir, create_perfetto_trace=True):
                 shape = max(ours.counts, key=ours.counts.get)
@@ -278,21 +275,19 @@ def part_train_step(args) -> str:
                 kernel_table(f"**{size}, ours** (batch shape {shape[0]} x {shape[1]})", top_kernels(ours_dir))
             )
             kernels.append(kernel_table(f"**{size}, peer**", top_kernels(peer_dir)))
-    summary = "".join(
-        f"| {size} | {len(xs)} | **{np.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)}) |\n"
-        for size, xs in ratios.items()
-    )
+    summary = [
+        [size, len(xs), f"**{np.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"] for size, xs in ratios.items()
+    ]
+    titles = ["round", "size", "ours ms", "ours useful tok/s", "ours fill", "peer ms", "peer useful tok/s"]
+    titles += ["peer fill", "ours / peer"]
     return (
         f"{args.dtype} both sides, {rows} rows x 64 slots a step, rounds alternate which side goes first; ours on "
         "Multi30k's packed rows (the default config), the peer on its synthetic packed rows; "
         "useful = non-padding target tokens.\n\n"
-        "| round | size | ours ms | ours useful tok/s | ours fill | peer ms | peer useful tok/s | peer fill "
-        "| ours / peer |\n"
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
-        + "\n".join(text)
-        + "\n\n| size | rounds | useful tok/s, ours / peer, median (each) |\n|---|---:|---:|\n"
-        + summary
-        + "\n"
+        + markdown_table(titles, text, "rl" + "r" * 7)
+        + "\n\n"
+        + markdown_table(["size", "rounds", "useful tok/s, ours / peer, median (each)"], summary, "lrr")
+        + "\n\n"
         + "\n".join(kernels)
     )
 
@@ -342,8 +337,8 @@ def part_preset(args) -> str:
     split = wall_split(lines.records, [e for e in compiles.events if e[0] <= train_end], records, train_s)
     decode_compile_s = compiles.within(decode_start, time.time())
     summary = next((x for x in lines.lines if x.startswith("compilation in this invocation")), "?")
-    rows = "".join(
-        f"| {what} | {seconds:.1f} |\n"
+    rows = [
+        [what, f"{seconds:.1f}"]
         for what, seconds in [
             ("training run, wall", train_s),
             ("of it compiling (XLA)", split["compile_s"]),
@@ -360,11 +355,11 @@ def part_preset(args) -> str:
             ),
             ("of it compiling (XLA)", decode_compile_s),
         ]
-    )
+    ]
     return (
         f"The packed Table 3 preset (configs/table3_preset.py `pack`), h = {config.model.num_heads}, "
         f"{config.num_train_steps} steps, {len(split['evaluations'])} dev evaluation(s), cold compilation cache.\n\n"
-        f"| part | s |\n|---|---:|\n{rows}\n"
+        f"{markdown_table(['part', 's'], rows, 'lr')}\n\n"
         f"Run's log: {summary}. Test BLEU (beam 4) {score['bleu']:.2f}.\n"
     )
 

@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 import time
 
+from training.core.markdown import markdown_table
+
 STATEMENTS = ("pass", "import flax", "import flax.linen, flax.nnx", "import attention")
 
 
@@ -28,9 +30,10 @@ def main():
             start = time.perf_counter()
             subprocess.run([p, "-c", m], check=True, cwd=elsewhere)
             times[p, m].append(time.perf_counter() - start)
-    print("| interpreter | statement | median s | range s |\n|---|---|---:|---:|")
-    for (p, m), ts in times.items():
-        print(f"| {p} | `{m}` | {statistics.median(ts):.2f} | {min(ts):.2f}-{max(ts):.2f} |")
+    rows = [
+        [p, f"`{m}`", f"{statistics.median(ts):.2f}", f"{min(ts):.2f}-{max(ts):.2f}"] for (p, m), ts in times.items()
+    ]
+    print(markdown_table(["interpreter", "statement", "median s", "range s"], rows, "llrr"))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from backends import xla_cpu
 from bench.lib import PEER_LENGTH, SIZES, VOCAB, cpu_description, median_ms, our_config, synthetic_batch
 from training import config as config_lib
 from training.core import step
+from training.core.markdown import markdown_row, markdown_table
 from training.data.batching import as_arrays
 from training.parallel import trainers
 
@@ -83,7 +84,7 @@ def main(argv=None):
         "largest difference "
         f"between the two loss gradients {np.abs(got['masked sum'] - got['gather']).max():.1e}"
     )
-    print("| workload | masked sum ms | gather ms | masked sum / gather |\n|---|---:|---:|---:|")
+    print(markdown_table(["workload", "masked sum ms", "gather ms", "masked sum / gather"], [], "lrrr"))
     workloads = {
         f"loss gradient [{args.rows}, {PEER_LENGTH}, {VOCAB}]": {
             name: (lambda g=g: g(logits).block_until_ready()) for name, g in grads.items()
@@ -94,7 +95,8 @@ def main(argv=None):
     )
     for label, calls in workloads.items():
         ms = alternating(calls, args.rounds, args.reps)
-        print(f"| {label} | {ms['masked sum']:.1f} | {ms['gather']:.1f} | {ms['masked sum'] / ms['gather']:.3f} |")
+        ratio = ms["masked sum"] / ms["gather"]
+        print(markdown_row([label, f"{ms['masked sum']:.1f}", f"{ms['gather']:.1f}", f"{ratio:.3f}"]))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from flax import nnx
 
 import attention
 from bench.lib import CLOCKS, median_ms
+from training.core.markdown import markdown_row, markdown_table
 
 HEADS, KV_HEADS = 8, 2
 
@@ -146,8 +147,7 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     args = parser.parse_args()
-    print("| row | NNX ms | Linen (jax.jit) ms | NNX / Linen |")
-    print("|---|---:|---:|---:|")
+    print(markdown_table(["row", "NNX ms", "Linen (jax.jit) ms", "NNX / Linen"], [], "lrrr"))
     rows = (
         ("forward+backward, nnx.jit (graph mode, the default)", lambda: train_pair(mode="graph")),
         ("forward+backward, nnx.jit(graph=False) (tree mode)", lambda: train_pair(mode="tree")),
@@ -165,16 +165,17 @@ def main():
             times["nnx"].append(median_ms(nnx_fn, args.reps, clock=args.clock))
             times["linen"].append(median_ms(linen_fn, args.reps, clock=args.clock))
         a, b = statistics.median(times["nnx"]), statistics.median(times["linen"])
-        print(f"| {name} | {a:.2f} | {b:.2f} | {a / b:.3f} |")
+        print(markdown_row([name, f"{a:.2f}", f"{b:.2f}", f"{a / b:.3f}"]))
     ours_fn, flax_fn = flax_nnx_pair()
     times = {"ours": [], "flax": []}
     for _ in range(args.rounds):
         times["ours"].append(median_ms(ours_fn, args.reps, clock=args.clock))
         times["flax"].append(median_ms(flax_fn, args.reps, clock=args.clock))
     a, b = statistics.median(times["ours"]), statistics.median(times["flax"])
-    print("\n| row | ours (NNX) ms | flax.nnx.MultiHeadAttention ms | ours / Flax's |")
-    print("|---|---:|---:|---:|")
-    print(f"| decode step, both under nnx.jit, neither donating | {a:.2f} | {b:.2f} | {a / b:.3f} |")
+    print(
+        "\n" + markdown_table(["row", "ours (NNX) ms", "flax.nnx.MultiHeadAttention ms", "ours / Flax's"], [], "lrrr")
+    )
+    print(markdown_row(["decode step, both under nnx.jit, neither donating", f"{a:.2f}", f"{b:.2f}", f"{a / b:.3f}"]))
 
 
 if __name__ == "__main__":

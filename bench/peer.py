@@ -53,6 +53,7 @@ from bench.lib import (
     synthetic_batch,
 )
 from configs import default
+from training.core.markdown import markdown_row, markdown_table
 from training.data.batching import as_arrays
 
 
@@ -116,11 +117,8 @@ def main():
     }
     peer_model_flops = {s: peer_flops(ours[(s, *ours_rows[0])], SIZES[s][1]) for s in args.sizes}
 
-    print(
-        "\n| round | size | side | dtype | step s | slot tok/s | useful tok/s | target fill | shapes | MFU "
-        "| useful vs peer | slot vs peer |"
-    )
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    titles = ["round", "size", "side", "dtype", "step s", "slot tok/s", "useful tok/s", "target fill", "shapes", "MFU"]
+    print("\n" + markdown_table([*titles, "useful vs peer", "slot vs peer"], [], "rlll" + "r" * 8))
     ratios = defaultdict(list)
     for r in range(args.rounds):
         print(f"<!-- round {r + 1}: load average {os.getloadavg()[0]:.2f} -->", flush=True)
@@ -134,11 +132,11 @@ def main():
                     for v, d in ours_rows:
                         results[v, d] = ours[size, v, d].epoch_rates(args.clock)
             peer = results["peer"]
-            row = lambda side, d, step, slot, useful, fill, shapes, mfu, extra: print(
-                f"| {r + 1} | {size} | {side} | {d} | {step:.3f} | {slot:,.0f} | {useful:,.0f} | {fill:.3f} "
-                f"| {shapes} | {mfu:.0%} | {extra} |",
-                flush=True,
-            )
+
+            def row(side, d, step, slot, useful, fill, shapes, mfu, *vs_peer):
+                speeds = [f"{step:.3f}", f"{slot:,.0f}", f"{useful:,.0f}", f"{fill:.3f}"]
+                print(markdown_row([r + 1, size, side, d, *speeds, shapes, f"{mfu:.0%}", *vs_peer]), flush=True)
+
             row(
                 "flax wmt",
                 "float32",
@@ -148,7 +146,8 @@ def main():
                 peer["target_nonpad"],
                 1,
                 peer_model_flops[size] / peer["median_s"] / rates["float32"],
-                "1 | 1",
+                1,
+                1,
             )
             for v, d in ours_rows:
                 o = results[v, d]
@@ -163,7 +162,8 @@ def main():
                     o["fill"],
                     o["shapes"],
                     o["flop_s"] / rates[d],
-                    f"{useful:.2f} | {slot:.2f}",
+                    f"{useful:.2f}",
+                    f"{slot:.2f}",
                 )
     _print_ratios(ratios)
     if args.matmul_share:
@@ -172,34 +172,28 @@ def main():
 
 def _print_ratios(ratios: dict) -> None:
     """The rounds' ours-vs-peer ratios, one row per size, variant and dtype: their median and each."""
-    print(
-        "\n| size | ours | dtype | rounds | useful tok/s vs peer, median (each) | slot tok/s vs peer, median (each) |"
-    )
-    print("|---|---|---|---:|---:|---:|")
+    vs_peer = [f"{what} tok/s vs peer, median (each)" for what in ("useful", "slot")]
+    each = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+    rows = []
     for (size, v, d), pairs in ratios.items():
         useful, slot = zip(*pairs)
-        each = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
-        print(
-            f"| {size} | {v} | {d} | {len(pairs)} | **{statistics.median(useful):.2f}** ({each(useful)}) | "
-            f"{statistics.median(slot):.2f} ({each(slot)}) |"
+        medians = (
+            f"**{statistics.median(useful):.2f}** ({each(useful)})",
+            f"{statistics.median(slot):.2f} ({each(slot)})",
         )
+        rows.append([size, v, d, len(pairs), *medians])
+    print("\n" + markdown_table(["size", "ours", "dtype", "rounds", *vs_peer], rows, "lllrrr"))
 
 
 def _print_matmul_share(ours: dict, clock: str) -> None:
     """Each of our steps profiled: its dots timed alone against the whole step."""
-    print(
-        "\n| size | ours | dtype | shape | step s | its dots alone, s | dots | dot share | dot GFLOP/s "
-        "| rest of the step, s |"
-    )
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    titles = ["size", "ours", "dtype", "shape", "step s", "its dots alone, s", "dots", "dot share", "dot GFLOP/s"]
+    print("\n" + markdown_table([*titles, "rest of the step, s"], [], "llll" + "r" * 6))
     for (size, v, d), o in ours.items():
         p = o.matmul_share(clock)
-        print(
-            f"| {size} | {v} | {d} | {p['shape'][0]} x {p['shape'][1]} | {p['step_s']:.3f} | {p['dots_s']:.3f} "
-            f"| {p['dots']} | "
-            f"{p['dots_s'] / p['step_s']:.0%} | {p['dot_flop_s'] / 1e9:.0f} | {p['step_s'] - p['dots_s']:.3f} |",
-            flush=True,
-        )
+        shape, step, dots = f"{p['shape'][0]} x {p['shape'][1]}", p["step_s"], p["dots_s"]
+        cells = [shape, f"{step:.3f}", f"{dots:.3f}", p["dots"], f"{dots / step:.0%}", f"{p['dot_flop_s'] / 1e9:.0f}"]
+        print(markdown_row([size, v, d, *cells, f"{step - dots:.3f}"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from bench.lib import (
     releases,
     run_json_script,
 )
+from training.core.markdown import markdown_table
 from training.run import aot, kernels
 
 KINDS = ("matmul", "reduction", "elementwise", "copy/transpose", "custom call", "collective")
@@ -73,19 +74,23 @@ def peer(args, target: aot.Target) -> dict:
         return {"hlo": hlo.read_text(), "temp_bytes": out["memory_bytes"]["temp"], "compile_s": out["compile_s"]}
 
 
-def row(label: str, found: dict, reference: dict | None) -> str:
+def row(label: str, found: dict, reference: dict | None) -> list:
+    """One side's cells of the main table (`reference`: the peer's profile, None for the peer's own row)."""
     p = found["profile"]
-    kinds = " | ".join(str(p["by_kind"].get(k, 0)) for k in KINDS)
-    f32 = p["dots"].get("f32 x f32", 0)
-    ratio = (
-        ""
+    ratios = (
+        ["1.00", "1.00"]
         if reference is None
-        else (f" | {p['kernels'] / reference['kernels']:.2f} | {p['roofline_us'] / reference['roofline_us']:.2f}")
+        else [f"{p['kernels'] / reference['kernels']:.2f}", f"{p['roofline_us'] / reference['roofline_us']:.2f}"]
     )
-    return (
-        f"| {label} | {p['kernels']:,} | {kinds} | {f32} | {p['bytes'] / 1e9:,.2f} | {p['flops'] / 1e12:,.2f} "
-        f"| {p['roofline_us'] / 1e3:,.2f} | {found['temp_bytes'] / 2**20:,.0f}{ratio or ' | 1.00 | 1.00'} |"
-    )
+    return [
+        label,
+        f"{p['kernels']:,}",
+        *(p["by_kind"].get(k, 0) for k in KINDS),
+        p["dots"].get("f32 x f32", 0),
+        *(f"{x:,.2f}" for x in (p["bytes"] / 1e9, p["flops"] / 1e12, p["roofline_us"] / 1e3)),
+        f"{found['temp_bytes'] / 2**20:,.0f}",
+        *ratios,
+    ]
 
 
 def kind_table(ours_profile: dict, peer_profile: dict) -> str:
@@ -94,13 +99,12 @@ def kind_table(ours_profile: dict, peer_profile: dict) -> str:
         set(ours_profile["by_kind"]) | set(peer_profile["by_kind"]),
         key=lambda k: -abs(ours_profile["us_by_kind"].get(k, 0) - peer_profile["us_by_kind"].get(k, 0)),
     )
-    lines = ["| kind | kernels ours | kernels peer | est. ms ours | est. ms peer |", "|---|---:|---:|---:|---:|"]
-    for k in kinds:
-        lines.append(
-            f"| {k} | {ours_profile['by_kind'].get(k, 0)} | {peer_profile['by_kind'].get(k, 0)} "
-            f"| {ours_profile['us_by_kind'].get(k, 0) / 1e3:.2f} | {peer_profile['us_by_kind'].get(k, 0) / 1e3:.2f} |"
-        )
-    return "\n".join(lines)
+    sides = (ours_profile, peer_profile)
+    rows = [
+        [k, *(p["by_kind"].get(k, 0) for p in sides), *(f"{p['us_by_kind'].get(k, 0) / 1e3:.2f}" for p in sides)]
+        for k in kinds
+    ]
+    return markdown_table(["kind", "kernels ours", "kernels peer", "est. ms ours", "est. ms peer"], rows, "lrrrr")
 
 
 def main(argv=None):
@@ -132,16 +136,13 @@ def main(argv=None):
         f"{rates.matrix_flops['bf16'] / 1e12:.0f} TFLOP/s, f32 {rates.matrix_flops['f32'] / 1e12:.0f}{releases()}"
     )
     print()
-    print(
-        f"| side | kernels | {' | '.join(KINDS)} | f32 x f32 dots | GB moved | TFLOP | roofline ms | temp MiB "
-        "| kernels / peer | roofline / peer |"
-    )
-    print("|---|---:|" + "---:|" * (len(KINDS) + 7))
-    print(row("Flax examples/wmt", found["peer"], None))
+    titles = ["side", "kernels", *KINDS, "f32 x f32 dots", "GB moved", "TFLOP", "roofline ms", "temp MiB"]
+    rows = [row("Flax examples/wmt", found["peer"], None)]
     for label in variants:
-        print(
+        rows.append(
             row(f"ours {label or 'default'}" if label != "default" else "ours", found[label], found["peer"]["profile"])
         )
+    print(markdown_table([*titles, "kernels / peer", "roofline / peer"], rows, "lr" + "r" * (len(KINDS) + 7)))
     print()
     print(kind_table(found["default"]["profile"], found["peer"]["profile"]))
     if args.json:

@@ -29,6 +29,7 @@ import numpy as np
 
 from bench.lib import OursDecode, add_peer_arguments, corpus_vocab, cpu_description, flax_wmt_dir, run_json_script
 from configs import default
+from training.core.markdown import markdown_row, markdown_table
 from training.data.corpus import load_corpus
 
 
@@ -90,8 +91,7 @@ def main():
         f"tokens, padded to {args.pad_to or 'their bucket'}), rows whose best beam holds EOS: "
         + ", ".join(f"{d} {o.rows_with_eos}/{o.rows}" for d, o in ours.items())
     )
-    print("\n| round | side | dtype | s a batch | sentences/s | vs peer |")
-    print("|---:|---|---|---:|---:|---:|")
+    print("\n" + markdown_table(["round", "side", "dtype", "s a batch", "sentences/s", "vs peer"], [], "rllrrr"))
     ratios = {d: [] for d in args.dtypes}
     for r in range(args.rounds):
         results = {}
@@ -102,21 +102,20 @@ def main():
             else:
                 results |= {d: o.seconds_per_batch(args.clock) for d, o in ours.items()}
         peer = results["peer"]
+        side = f"flax wmt (mean source {peer['mean_src_len']})"
         print(
-            f"| {r + 1} | flax wmt (mean source {peer['mean_src_len']}) | {peer['dtype']} | {peer['median_s']:.3f} | "
-            f"{peer['sent_per_s']:.2f} | 1 |",
+            markdown_row([r + 1, side, peer["dtype"], f"{peer['median_s']:.3f}", f"{peer['sent_per_s']:.2f}", 1]),
             flush=True,
         )
         for d in args.dtypes:
             ratios[d].append(peer["median_s"] / results[d])
-            print(
-                f"| {r + 1} | ours | {d} | {results[d]:.3f} | {args.batch / results[d]:.2f} | {ratios[d][-1]:.2f} |",
-                flush=True,
-            )
-    print("\n| ours dtype | rounds | sentences/s vs peer, median (each) |")
-    print("|---|---:|---:|")
-    for d, xs in ratios.items():
-        print(f"| {d} | {len(xs)} | **{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)}) |")
+            cells = [f"{results[d]:.3f}", f"{args.batch / results[d]:.2f}", f"{ratios[d][-1]:.2f}"]
+            print(markdown_row([r + 1, "ours", d, *cells]), flush=True)
+    medians = [
+        [d, len(xs), f"**{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"]
+        for d, xs in ratios.items()
+    ]
+    print("\n" + markdown_table(["ours dtype", "rounds", "sentences/s vs peer, median (each)"], medians, "lrr"))
 
 
 if __name__ == "__main__":

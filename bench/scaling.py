@@ -34,6 +34,10 @@ from training import config as config_lib
 from training.parallel import trainers
 from training.run.aot import collectives
 from training.core import step as step_lib
+from training.core.markdown import markdown_row, markdown_table
+
+MESH_TITLES = ["devices", "mesh (data x model)", "rows / device", "state MB / device", "all-reduce", "all-gather"]
+MESH_TITLES += ["reduce-scatter", "other", "total MB", "vs model=1"]
 
 
 def make_config(size, data, model, kv_heads, shard_embeddings, parallelism="jit"):
@@ -96,9 +100,7 @@ def cpu_tables(args):
             f"### {heads} query heads, {kv_heads or heads} K/V heads, "
             f"embeddings {'split over model' if shard_embeddings else 'replicated'}",
             "",
-            "| devices | mesh (data x model) | rows / device | state MB / device | all-reduce | all-gather "
-            "| reduce-scatter | other | total MB | vs model=1 |",
-            "|---:|---|---:|---:|---|---|---|---|---:|---:|",
+            markdown_table(MESH_TITLES, [], "rlrrllllrr"),
         ]
         reference = {}
         for n, data, model in meshes(len(devices), heads):
@@ -111,11 +113,10 @@ def cpu_tables(args):
             other = [found[op] for op in ("all-to-all", "collective-permute")]
             cell = lambda c, b: f"{c} / {b / 2**20:.2f} MB" if c else "0"
             ratio = f"{total / reference[n]:.2f}x" if reference[n] else "-"
-            rows.append(
-                f"| {n} | {data} x {model} | {-(-args.rows // data)} | {state_bytes / 2**20:.1f} | "
-                f"{cell(*found['all-reduce'])} | {cell(*found['all-gather'])} | {cell(*found['reduce-scatter'])} | "
-                f"{cell(sum(c for c, _ in other), sum(b for _, b in other))} | {total / 2**20:.2f} | {ratio} |"
-            )
+            ops = [cell(*found[op]) for op in ("all-reduce", "all-gather", "reduce-scatter")]
+            ops.append(cell(sum(c for c, _ in other), sum(b for _, b in other)))
+            row = [n, f"{data} x {model}", -(-args.rows // data), f"{state_bytes / 2**20:.1f}", *ops]
+            rows.append(markdown_row([*row, f"{total / 2**20:.2f}", ratio]))
             print(rows[-1], file=sys.stderr, flush=True)
         rows.append("")
     if args.pmap:
@@ -158,11 +159,10 @@ def gpu_table(args):
         f"jax {jax.__version__}, {device.device_kind}; base size, bfloat16 compute, "
         f"batch {args.gpu_rows} x {args.length}",
         "",
-        "| attention | step ms | target tokens/s | vs xla |",
-        "|---|---:|---:|---:|",
+        markdown_table(["attention", "step ms", "target tokens/s", "vs xla"], [], "lrrr"),
     ]
     for impl, s in results.items():
-        lines.append(f"| {impl} | {s * 1e3:.1f} | {tokens / s:,.0f} | {results['xla'] / s:.2f}x |")
+        lines.append(markdown_row([impl, f"{s * 1e3:.1f}", f"{tokens / s:,.0f}", f"{results['xla'] / s:.2f}x"]))
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ import statistics
 import jax
 
 from bench.lib import cpu_description
+from training.core.markdown import markdown_row, markdown_table
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
@@ -65,12 +66,9 @@ def main():
         f"output cap bucket + {args.max_extra_length}, median of 3 timed decodes after a warm-up, "
         "per workdir and round\n"
     )
-    print(
-        "| round | workdir | KV heads | cache bytes/token | greedy tok/s | beam-4 tok/s | greedy steps | beam-4 steps "
-        "| greedy ms/step | beam-4 ms/step | greedy tok/s vs first | beam-4 tok/s vs first | greedy ms/step vs first "
-        "| beam-4 ms/step vs first |"
-    )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    titles = ["round", "workdir", "KV heads", "cache bytes/token", "greedy tok/s", "beam-4 tok/s", "greedy steps"]
+    titles += ["beam-4 steps", "greedy ms/step", "beam-4 ms/step", "greedy tok/s vs first", "beam-4 tok/s vs first"]
+    print(markdown_table([*titles, "greedy ms/step vs first", "beam-4 ms/step vs first"], [], "rl" + "r" * 12))
     sources = [run.vocab.encode(list(dev.src[: args.rows])) for run in runs]
     measures = {"tok/s": lambda m, beam: m[f"decode_tokens_per_s_beam{beam}"], "ms/step": ms_per_step}
     ratios = {(w, what, name): [] for w in args.workdirs[1:] for what in measures for name in BEAMS}
@@ -100,21 +98,17 @@ def main():
             cells += [f"{m[f'decode_steps_beam{b}']}" for b in BEAMS.values()]
             cells += [f"{own[('ms/step', name)]:.2f}" for name in BEAMS]
             cells += [f"{ratio:.2f}" for ratio in vs.values()]
-            print(
-                f"| {r + 1} | {workdir} | {run.model.config.geometry.num_kv_heads} "
-                f"| {m['kv_cache_bytes_per_token']:,.0f} | "
-                f"{' | '.join(cells)} |",
-                flush=True,
-            )
-    header = " | ".join(f"{name} {what} vs first" for what in measures for name in BEAMS)
-    print(f"\nMedian (each round) against {args.workdirs[0]}:\n\n| workdir | {header} |")
-    print("|---|" + "---:|" * len(measures) * len(BEAMS))
+            heads = run.model.config.geometry.num_kv_heads
+            print(markdown_row([r + 1, workdir, heads, f"{m['kv_cache_bytes_per_token']:,.0f}", *cells]), flush=True)
+    header = [f"{name} {what} vs first" for what in measures for name in BEAMS]
+    print(f"\nMedian (each round) against {args.workdirs[0]}:\n")
+    print(markdown_table(["workdir", *header], [], "l" + "r" * len(header)))
     for workdir in args.workdirs[1:]:
         cells = [
             f"**{statistics.median(xs):.2f}** ({', '.join(f'{x:.2f}' for x in xs)})"
             for xs in (ratios[(workdir, what, name)] for what in measures for name in BEAMS)
         ]
-        print(f"| {workdir} | {' | '.join(cells)} |")
+        print(markdown_row([workdir, *cells]))
 
 
 if __name__ == "__main__":

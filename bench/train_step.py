@@ -25,6 +25,7 @@ from bench.lib import SIZES, VOCAB, compiled_flops, cpu_description, matmul_flop
 from models import Transformer, TransformerConfig
 from training.data.batching import as_arrays
 from training.core import step as step_lib
+from training.core.markdown import markdown_row, markdown_table
 
 
 def bench(size: str, dtype: str, reps: int):
@@ -71,19 +72,15 @@ def main():
         + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in rates.items())
         + "\n"
     )
-    print(
-        "| size | params | compute dtype | batch (rows x len) | step s | target slot tokens/s | steps/s vs reference "
-        "| GFLOP/step | MFU |"
-    )
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    titles = ["size", "params", "compute dtype", "batch (rows x len)", "step s", "target slot tokens/s"]
+    print(markdown_table([*titles, "steps/s vs reference", "GFLOP/step", "MFU"], [], "lrllrrrrr"))
     for size in args.sizes:
         for dtype in args.dtypes:
             n_params, rows, length, seconds, flops, ref_steps = bench(size, dtype, args.reps)
+            speeds = [f"{seconds:.3f}", f"{rows * length / seconds:,.0f}", f"{1 / seconds / ref_steps:.2f}x"]
+            flop = [f"{flops / 1e9:.1f}", f"{flops / seconds / rates[dtype]:.0%}"]
             print(
-                f"| {size} | {n_params / 1e6:.2f}M | {dtype} | {rows} x {length} | {seconds:.3f} | "
-                f"{rows * length / seconds:,.0f} | {1 / seconds / ref_steps:.2f}x | {flops / 1e9:.1f} | "
-                f"{flops / seconds / rates[dtype]:.0%} |",
-                flush=True,
+                markdown_row([size, f"{n_params / 1e6:.2f}M", dtype, f"{rows} x {length}", *speeds, *flop]), flush=True
             )
 
 

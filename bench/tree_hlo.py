@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from bench.lib import cpu_description
+from training.core.markdown import markdown_table
 
 # the worker: the code of whichever tree it runs in; prints {program: [hash, instructions]}
 WORKER = r"""
@@ -97,11 +98,11 @@ def main() -> None:
     print(cpu_description())
     print(f"jax {jax.__version__}; before {args.before}, after {args.after}\n", flush=True)
     before, after = programs(args.before), programs(args.after)
-    print("| program | before | after | instructions (before, after) | same |\n|---|---|---|---:|---|")
+    rows = []
     for name in before:
         (b_hash, b_lines), (a_hash, a_lines) = before[name], after.get(name, ["-", 0])
-        same = "yes" if b_hash == a_hash else "**no**"
-        print(f"| {name} | {b_hash} | {a_hash} | {b_lines:,}, {a_lines:,} | {same} |")
+        rows.append([name, b_hash, a_hash, f"{b_lines:,}, {a_lines:,}", "yes" if b_hash == a_hash else "**no**"])
+    print(markdown_table(["program", "before", "after", "instructions (before, after)", "same"], rows, "lllrl"))
 
 
 if __name__ == "__main__":

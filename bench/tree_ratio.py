@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from bench.lib import cpu_description
+from training.core.markdown import markdown_row, markdown_table
 
 # the worker: the code of whichever tree it runs in, driven line by line over stdin ("train DTYPE" / "decode DTYPE")
 WORKER = """
@@ -95,20 +96,19 @@ def main() -> None:
     }
     keys = [(w, d) for w in args.workloads for d in args.dtypes]
     ratios: dict = {key: [] for key in keys}
-    print("\n| round | workload | dtype | before | after | after / before |\n|---:|---|---|---:|---:|---:|")
+    print("\n" + markdown_table(["round", "workload", "dtype", "before", "after", "after / before"], [], "rllrrr"))
     for r in range(args.rounds):
         for key in keys:
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             rates = {side: workers[side].rate(*key) for side in order}
             ratios[key].append(rates["after"] / rates["before"])
-            print(
-                f"| {r + 1} | {key[0]} | {key[1]} | {rates['before']:,.2f} | {rates['after']:,.2f} | "
-                f"{ratios[key][-1]:.3f} |",
-                flush=True,
-            )
-    print("\n| workload | dtype | after / before, median (each round) |\n|---|---|---:|")
-    for key, each in ratios.items():
-        print(f"| {key[0]} | {key[1]} | **{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)}) |")
+            cells = [f"{rates['before']:,.2f}", f"{rates['after']:,.2f}", f"{ratios[key][-1]:.3f}"]
+            print(markdown_row([r + 1, *key, *cells]), flush=True)
+    medians = [
+        [*key, f"**{statistics.median(each):.3f}** ({', '.join(f'{x:.3f}' for x in each)})"]
+        for key, each in ratios.items()
+    ]
+    print("\n" + markdown_table(["workload", "dtype", "after / before, median (each round)"], medians, "llr"))
     for worker in workers.values():
         worker.close()
 

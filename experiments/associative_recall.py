@@ -32,6 +32,7 @@ import numpy as np
 
 from attention import family
 from experiments.lib import evaluate, final_loss, fit, member_encoder, member_options
+from training.core.markdown import markdown_row, markdown_table
 
 
 def vocabulary(num_keys: int, num_values: int, num_noise: int) -> dict:
@@ -107,14 +108,11 @@ def main():
         f"MQAR: N = {args.length}, {args.pairs} pairs, {args.queries} queries, {args.steps} steps of "
         f"{args.batch} rows, seed {args.seed}; chance = 1/{args.keys}\n"
     )
-    print("| attention_type | query accuracy | final train loss | train CPU s |")
-    print("|---|---:|---:|---:|")
+    print(markdown_table(["attention_type", "query accuracy", "final train loss", "train CPU s"], [], "lrrr"))
     for attention_type in args.types:
         result = train_and_score(attention_type, args, vocab)
-        print(
-            f"| {attention_type} | {result['accuracy']:.3f} | {result['final_loss']:.3f} | {result['seconds']:.0f} |",
-            flush=True,
-        )
+        scores = [f"{result['accuracy']:.3f}", f"{result['final_loss']:.3f}", f"{result['seconds']:.0f}"]
+        print(markdown_row([attention_type, *scores]), flush=True)
 
 
 if __name__ == "__main__":

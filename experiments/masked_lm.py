@@ -35,6 +35,7 @@ import numpy as np
 
 from experiments.lib import evaluate, final_loss, fit, member_encoder, member_options
 from models.tokens import EOS_ID
+from training.core.markdown import markdown_row, markdown_table
 from training.data import tokenizer
 from training.data.corpus import default_multi30k_dir, load_multi30k
 
@@ -172,19 +173,13 @@ def main():
         f"{len(streams['train']):,} train tokens, {args.steps} steps of {args.batch} rows, "
         f"mask rate {args.mask_rate}, seed {args.seed}\n"
     )
-    print(
-        "| attention | val masked PPL | val accuracy | test masked PPL | test accuracy | final train loss "
-        "| train CPU s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    titles = ["attention", "val masked PPL", "val accuracy", "test masked PPL", "test accuracy", "final train loss"]
+    print(markdown_table([*titles, "train CPU s"], [], "l" + "r" * 6))
     for name, options in settings.items():
         r = train_and_score(name, options, streams, args, vocab_size)
         val, test = r["val"], r["test_2016_flickr"]
-        print(
-            f"| {name} | {np.exp(val['loss']):.3f} | {val['accuracy']:.4f} | {np.exp(test['loss']):.3f} | "
-            f"{test['accuracy']:.4f} | {r['final_loss']:.4f} | {r['seconds']:.0f} |",
-            flush=True,
-        )
+        scores = [cell for s in (val, test) for cell in (f"{np.exp(s['loss']):.3f}", f"{s['accuracy']:.4f}")]
+        print(markdown_row([name, *scores, f"{r['final_loss']:.4f}", f"{r['seconds']:.0f}"]), flush=True)
     print(f"\n(scored positions: val {r['val']['scored']:,}, test {r['test_2016_flickr']['scored']:,})")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from types import ModuleType
 
+from training.core.markdown import markdown_table
 from training.core.progress import Bar
 from training.run import aot
 
@@ -62,20 +63,18 @@ def _row(module: ModuleType, point: str, target: aot.Target, data: int, model: i
 
 def table(rows: list[dict], target: aot.Target) -> str:
     """The plan as a Markdown table (memory in MiB a device)."""
-    lines = [
-        f"train step per point on {target.name} ({target.chip.hbm_gib:g} GiB a device); points a device: "
-        f"floor({SHARED_FRACTION} x HBM / needs)",
-        "",
-        "| point | needs MiB | of HBM | GFLOP a step / device | points a device | compile s |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         if r["needs_bytes"] is None:
-            lines.append(f"| {r['point']} | refused: {r['refused']} | | | 0 | |")
+            cells.append([r["point"], f"refused: {r['refused']}", "", "", 0, ""])
             continue
         flops = "n/a" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}"
-        lines.append(
-            f"| {r['point']} | {r['needs_bytes'] / 2**20:,.1f} | {100 * r['hbm_share']:.1f} % | {flops} "
-            f"| {r['points_per_device']} | {r['compile_s']:.1f} |"
+        share, per_device = f"{100 * r['hbm_share']:.1f} %", r["points_per_device"]
+        cells.append(
+            [r["point"], f"{r['needs_bytes'] / 2**20:,.1f}", share, flops, per_device, f"{r['compile_s']:.1f}"]
         )
-    return "\n".join(lines)
+    titles = ["point", "needs MiB", "of HBM", "GFLOP a step / device", "points a device", "compile s"]
+    return (
+        f"train step per point on {target.name} ({target.chip.hbm_gib:g} GiB a device); points a device: "
+        f"floor({SHARED_FRACTION} x HBM / needs)\n\n" + markdown_table(titles, cells, "lrrrrr")
+    )

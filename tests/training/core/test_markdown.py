@@ -2,7 +2,7 @@
 
 import pytest
 
-from training.core.markdown import markdown_table
+from training.core.markdown import markdown_row, markdown_table
 
 
 def test_a_table_is_header_alignment_row_and_one_line_a_row():
@@ -35,3 +35,8 @@ def test_a_pipe_inside_a_cell_is_escaped():
 def test_a_row_or_an_alignment_that_does_not_fit_the_header_is_refused(headers, rows, align, message):
     with pytest.raises(ValueError, match=message):
         markdown_table(headers, rows, align)
+
+
+def test_a_row_printed_alone_reads_as_the_tables_own():
+    assert markdown_row(["xla", 1.5, "", "a|b"]) == "| xla | 1.5 |  | a\\|b |"
+    assert markdown_table(["a", "b"], [["x", 2]]).splitlines()[-1] == markdown_row(["x", 2])
