@@ -110,7 +110,11 @@ def vocabulary(config, seed: int, cache: str | Path | None = None, limit: int | 
     settings = {"format": FORMAT, "vocab_size": config.data.vocab_size, "seed": seed}
     path = cache_root(cache) / f"vocab-{_key({**corpus_identity(config, limit), **settings})}.model"
     if path.exists():
-        return path.read_bytes()
+        proto = path.read_bytes()
+        _check_vocabulary(
+            proto, f"{path} is not a SentencePiece model; delete it and run `{COMMAND}` to train it again"
+        )
+        return proto
     started = time.monotonic()
     proto = tokenizer.train(texts(config, limit), config.data.vocab_size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +146,7 @@ def prepare(
 def _write(config, directory: Path, ident: dict, vocab: dict, vocab_proto: bytes) -> None:
     """Encode the training split into `directory`, written aside and renamed into place once complete."""
     started = time.monotonic()
+    _check_vocabulary(vocab_proto, f"the vocabulary to encode {directory} with is not a SentencePiece model")
     partial = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -168,6 +173,15 @@ def _write(config, directory: Path, ident: dict, vocab: dict, vocab_proto: bytes
         shutil.rmtree(partial, ignore_errors=True)
         raise
     logging.info("prepared %s in %.0fs", directory, time.monotonic() - started)
+
+
+def _check_vocabulary(proto: bytes, refusal: str) -> None:
+    """PreparedDataError(refusal) unless SentencePiece loads `proto` and encodes with it: an encoding worker that
+    cannot load it would fail to start, and the pool would start it again for ever."""
+    try:
+        tokenizer.load(proto).encode("a")  # an empty proto loads, but cannot encode
+    except RuntimeError:
+        raise PreparedDataError(refusal) from None
 
 
 def _arrays(directory: Path) -> list[Path]:
@@ -212,6 +226,8 @@ def load(directory: Path, corpus_ident: dict | None = None, vocab_sha256: str | 
     try:
         manifest = json.loads(raw)
         arrays, vocab = manifest["arrays"], manifest["vocabulary"]
+        if any("sha256" not in arrays[path.name] for path in _arrays(directory)) or "sha256" not in vocab:
+            raise KeyError("sha256")  # an array, or the vocabulary, not described
     except (ValueError, KeyError, TypeError):
         raise PreparedDataError(f"{manifest_path} is not a prepared-data manifest; {redo}") from None
     if corpus_ident is not None and manifest.get("corpus") != corpus_ident:
