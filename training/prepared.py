@@ -28,6 +28,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,8 @@ def corpus_identity(config, limit: int) -> dict:
     if config.data.dataset == "multi30k":
         paths = corpus.multi30k_paths(config, config.data.train_split)
         ident["files"] = [{"name": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in paths]
+    else:  # tfds: the copy read (its data_dir) and the builder's version
+        ident |= {"dir": config.data.dir, "version": corpus.tfds_version(config.data.dataset, config.data.dir or None)}
     return ident
 
 
@@ -103,21 +106,27 @@ def texts(config, limit: int) -> Iterator[str]:
         yield from (pair[side] for pair in corpus.iter_pairs(config, config.data.train_split, limit))
 
 
-def vocabulary(config, seed: int, cache: str | Path | None = None, limit: int | None = None) -> bytes:
+def vocabulary(
+    config, seed: int, cache: str | Path | None = None, limit: int | None = None, ident: dict | None = None
+) -> bytes:
     """The vocabulary `tokenizer.train` makes of the training split with `config.data.vocab_size` and `seed`,
-    trained on first use and kept in the cache (vocab-KEY.model). limit: pairs (default `data.train_limit`)."""
+    trained on first use and kept in the cache (vocab-KEY.model, its SHA-256 beside it in vocab-KEY.sha256).
+    limit: pairs (default `data.train_limit`); ident: `corpus_identity(config, limit)`, where already known."""
     limit = config.data.train_limit if limit is None else limit
+    ident = corpus_identity(config, limit) if ident is None else ident
     settings = {"format": FORMAT, "vocab_size": config.data.vocab_size, "seed": seed}
-    path = cache_root(cache) / f"vocab-{_key({**corpus_identity(config, limit), **settings})}.model"
+    path = cache_root(cache) / f"vocab-{_key({**ident, **settings})}.model"
+    digest = path.with_suffix(".sha256")
     if path.exists():
-        proto = path.read_bytes()
-        _check_vocabulary(
-            proto, f"{path} is not a SentencePiece model; delete it and run `{COMMAND}` to train it again"
-        )
+        proto, redo = path.read_bytes(), f"delete {path} and run `{COMMAND}` to train it again"
+        if not digest.is_file() or digest.read_text().strip() != hashlib.sha256(proto).hexdigest():
+            raise PreparedDataError(f"{path} does not match {digest.name} (edited or damaged); {redo}")
+        _check_vocabulary(proto, f"{path} is not a SentencePiece model; {redo}")
         return proto
     started = time.monotonic()
     proto = tokenizer.train(texts(config, limit), config.data.vocab_size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_atomic(digest, hashlib.sha256(proto).hexdigest() + "\n")  # first: a model is never unverifiable
     files.write_atomic(path, proto)
     logging.info("vocabulary trained in %.0fs: %s", time.monotonic() - started, path)
     return proto
@@ -134,7 +143,7 @@ def prepare(
     trained = None
     if vocab_proto is None:
         trained = {"vocab_size": config.data.vocab_size, "seed": config.seed if vocab_seed is None else vocab_seed}
-        vocab_proto = vocabulary(config, trained["seed"], root, limit)
+        vocab_proto = vocabulary(config, trained["seed"], root, limit, ident)
     vocab = {"sha256": hashlib.sha256(vocab_proto).hexdigest(), "trained": trained}
     key = _key({"format": FORMAT, **ident, "vocab": vocab["sha256"]})
     directory = root / f"{config.data.dataset.replace('/', '_')}-{key}"
@@ -147,7 +156,8 @@ def _write(config, directory: Path, ident: dict, vocab: dict, vocab_proto: bytes
     """Encode the training split into `directory`, written aside and renamed into place once complete."""
     started = time.monotonic()
     _check_vocabulary(vocab_proto, f"the vocabulary to encode {directory} with is not a SentencePiece model")
-    partial = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
+    _remove_dead_partials(directory)
+    partial = directory.with_name(f"{directory.name}.partial-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
@@ -173,6 +183,17 @@ def _write(config, directory: Path, ident: dict, vocab: dict, vocab_proto: bytes
         shutil.rmtree(partial, ignore_errors=True)
         raise
     logging.info("prepared %s in %.0fs", directory, time.monotonic() - started)
+
+
+def _remove_dead_partials(directory: Path) -> None:
+    """Remove what killed prepares of `directory` on this host left (DIR.partial-HOST-PID whose process is gone);
+    another host's, or a live process's, is left alone."""
+    host = socket.gethostname()
+    for partial in directory.parent.glob(f"{directory.name}.partial-{host}-*"):
+        pid = partial.name.rpartition("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(partial, ignore_errors=True)
+            logging.info("removed %s, left by a prepare that was killed", partial)
 
 
 def _check_vocabulary(proto: bytes, refusal: str) -> None:
@@ -232,13 +253,12 @@ def load(directory: Path, corpus_ident: dict | None = None, vocab_sha256: str | 
         raise PreparedDataError(f"{manifest_path} is not a prepared-data manifest; {redo}") from None
     if corpus_ident is not None and manifest.get("corpus") != corpus_ident:
         raise PreparedDataError(
-            f"{manifest_path} describes another corpus ({manifest.get('corpus')}, expected {corpus_ident}); "
-            f"run `{COMMAND}` for this config's corpus"
+            f"{manifest_path} describes another corpus ({manifest.get('corpus')}, expected {corpus_ident}); {redo}"
         )
     if vocab_sha256 is not None and vocab.get("sha256") != vocab_sha256:
         raise PreparedDataError(
             f"{manifest_path} was encoded with another vocabulary (sha256 {vocab.get('sha256')}, expected "
-            f"{vocab_sha256}); run `{COMMAND}` for this vocabulary"
+            f"{vocab_sha256}); {redo}"
         )
     for path in [*_arrays(directory), directory / "vocab.model"]:
         expected = arrays.get(path.name) if path.name != "vocab.model" else {"sha256": vocab.get("sha256")}

@@ -136,6 +136,13 @@ def iter_tfds(name: str, split: str, src: str, tgt: str, data_dir: str | None = 
         yield example[src].decode("utf-8"), example[tgt].decode("utf-8")
 
 
+def tfds_version(name: str, data_dir: str | None = None) -> str:
+    """The version of the tfds dataset `name` (in `data_dir`) that `iter_tfds` reads."""
+    import tensorflow_datasets as tfds
+
+    return str(tfds.builder(name, data_dir=data_dir).version)
+
+
 def _iter_lines(path: Path) -> Iterator[str]:
     """`path`'s lines one at a time, split as str.splitlines splits the whole text (so as `read_parallel` reads)."""
     opener = gzip.open if path.suffix == ".gz" else open

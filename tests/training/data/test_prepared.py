@@ -18,6 +18,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -255,6 +256,16 @@ def test_a_directory_of_another_corpus_or_vocabulary_is_refused(synthetic, base)
         assert_one_line_naming(error.value, base.directory / prepared.MANIFEST)
 
 
+def test_an_edited_cached_vocabulary_that_still_loads_is_refused(synthetic, base, tmp_path):
+    """Another valid SentencePiece model in the cached vocabulary's place: its digest (vocab-KEY.sha256) tells."""
+    shutil.copytree(base.directory.parent, tmp_path, dirs_exist_ok=True)
+    (vocab_path,) = tmp_path.glob("vocab-*.model")
+    vocab_path.write_bytes(tokenizer.train(["ein hund", "a dog", "zwei katzen", "two cats"] * 50, 40, 0))
+    with pytest.raises(prepared.PreparedDataError, match="edited or damaged") as error:
+        prepared.prepare(synthetic, cache=tmp_path)
+    assert_one_line_naming(error.value, vocab_path)
+
+
 def test_a_damaged_cached_vocabulary_is_refused_not_encoded_with(synthetic, base, tmp_path, monkeypatch):
     """A vocabulary SentencePiece cannot load stops prepare in one line (its encoding workers would fail to start,
     and the pool would start them again for ever)."""
@@ -352,7 +363,7 @@ def test_a_prepare_killed_while_encoding_leaves_nothing_a_later_prepare_reads(sy
         )
         try:
             wait_for_line(proc, "encoding", seconds=180, stderr=tmp_path / "stderr")
-            partial = cache / f"{base.directory.name}.partial-{proc.pid}"
+            partial = cache / f"{base.directory.name}.partial-{socket.gethostname()}-{proc.pid}"
             assert partial.is_dir()
             os.killpg(proc.pid, signal.SIGKILL)
             assert proc.wait(timeout=60) == -signal.SIGKILL
@@ -362,7 +373,8 @@ def test_a_prepare_killed_while_encoding_leaves_nothing_a_later_prepare_reads(sy
             proc.wait()
     (vocab_path,) = cache.glob("vocab-*.model")
     assert vocab_path.read_bytes() == base.vocab_proto
-    assert sorted(p.name for p in cache.iterdir()) == sorted([vocab_path.name, partial.name])
+    digest = vocab_path.with_suffix(".sha256")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([vocab_path.name, digest.name, partial.name])
     assert not (cache / base.directory.name).exists()
     with pytest.raises(prepared.PreparedDataError, match="missing"):
         prepared.load(partial)
@@ -370,6 +382,7 @@ def test_a_prepare_killed_while_encoding_leaves_nothing_a_later_prepare_reads(sy
     assert data.directory == cache / base.directory.name
     assert same_arrays(data, base) and same_arrays(prepared.load(data.directory), base)
     assert data.manifest["arrays"] == base.manifest["arrays"]
+    assert not partial.exists()  # what the killed prepare left is removed by the next one on this host
 
 
 def test_an_interrupted_prepare_removes_what_it_wrote(synthetic, base, tmp_path, monkeypatch):
@@ -385,7 +398,8 @@ def test_an_interrupted_prepare_removes_what_it_wrote(synthetic, base, tmp_path,
         prepared.prepare(synthetic, cache=tmp_path)
     assert seen == [sorted(ARRAYS)]
     (vocab_path,) = tmp_path.glob("vocab-*.model")
-    assert [p.name for p in tmp_path.iterdir()] == [vocab_path.name]  # no partial directory, no final one
+    # no partial directory, no final one: the vocabulary and its digest alone
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([vocab_path.name, vocab_path.stem + ".sha256"])
     monkeypatch.setattr(prepared, "_encode", encode)
     data = prepared.prepare(synthetic, cache=tmp_path)
     assert data.directory.name == base.directory.name and same_arrays(data, base)
