@@ -21,6 +21,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # read when JAX is imported: the host compiles, no GPU backend is tried
 
 from bench.lib import releases
+from training.core.markdown import markdown_table
 from training.run import aot, kernels
 
 MIB = 2**20
@@ -65,30 +66,43 @@ def tpu_row(config, target: aot.Target, stack: int) -> dict:
 
 def markdown(config_name: str, gpu: aot.Target, rows: list[dict], tpu: list[dict]) -> str:
     base = rows[0]
+    headers = ["step", "seeds", "kernels", "kernels a seed", "÷ one run's", "roofline µs a seed", "÷ one run's"]
+    cells = [
+        [
+            r["step"],
+            r["seeds"],
+            r["kernels"],
+            f"{r['kernels_per_seed']:.0f}",
+            f"{r['kernels_per_seed'] / base['kernels_per_seed']:.2f}",
+            f"{r['roofline_us_per_seed']:.0f}",
+            f"{r['roofline_us_per_seed'] / base['roofline_us_per_seed']:.2f}",
+            f"{r['needed_mib']:,.0f}",
+            f"{r['temp_mib']:,.0f}",
+            f"{r['compile_s']:.0f}",
+        ]
+        for r in rows
+    ]
     lines = [
         f"`{config_name}`'s train step compiled for {gpu.name} on this CPU (deviceless: the program before "
         f"autotuning){releases()}",
         "",
-        "| step | seeds | kernels | kernels a seed | ÷ one run's | roofline µs a seed | ÷ one run's | needs MiB "
-        "| temp MiB | compile s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        markdown_table([*headers, "needs MiB", "temp MiB", "compile s"], cells, "lrrrrrrrrr"),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['step']} | {r['seeds']} | {r['kernels']} | {r['kernels_per_seed']:.0f} "
-            f"| {r['kernels_per_seed'] / base['kernels_per_seed']:.2f} | {r['roofline_us_per_seed']:.0f} "
-            f"| {r['roofline_us_per_seed'] / base['roofline_us_per_seed']:.2f} | {r['needed_mib']:,.0f} "
-            f"| {r['temp_mib']:,.0f} | {r['compile_s']:.0f} |"
-        )
     if tpu:
-        lines += ["", "| TPU target | seeds | mesh | needs MiB a chip | of HBM | collectives | compile s |"]
-        lines.append("|---|---:|---|---:|---:|---|---:|")
-        for t in tpu:
-            collectives = ", ".join(f"{op} {n}" for op, n in t["collectives"].items() if n) or "none"
-            lines.append(
-                f"| {t['target']} | {t['seeds']} | {t['mesh']} | {t['needed_mib']:,.0f} | {t['hbm_share']:.1%} "
-                f"| {collectives} | {t['compile_s']:.0f} |"
-            )
+        headers = ["TPU target", "seeds", "mesh", "needs MiB a chip", "of HBM", "collectives", "compile s"]
+        cells = [
+            [
+                t["target"],
+                t["seeds"],
+                t["mesh"],
+                f"{t['needed_mib']:,.0f}",
+                f"{t['hbm_share']:.1%}",
+                ", ".join(f"{op} {n}" for op, n in t["collectives"].items() if n) or "none",
+                f"{t['compile_s']:.0f}",
+            ]
+            for t in tpu
+        ]
+        lines += ["", markdown_table(headers, cells, "lrlrrlr")]
     return "\n".join(lines) + "\n"
 
 
