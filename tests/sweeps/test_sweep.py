@@ -210,10 +210,16 @@ def test_points_starting_together_all_get_the_one_shared_vocabulary(tmp_path, mo
     import multiprocessing
 
     from tiny import train_config
-    from training.data import corpus, tokenizer
+    from training.data import tokenizer
+
+    from training import prepared
 
     words = [f"w{i} x{i % 7} y{i % 5}" for i in range(400)]
-    monkeypatch.setattr(point_run, "load_corpus", lambda config, split: corpus.Corpus(tuple(words), tuple(words), {}))
+    # the shared vocabulary is the prepared-data cache's (training.prepared): trained on these words, in a cache
+    # of the test's own
+    monkeypatch.setattr(prepared, "corpus_identity", lambda config, limit: {"corpus": "the test's words"})
+    monkeypatch.setattr(prepared, "texts", lambda config, limit: iter(words + words))
+    monkeypatch.setenv(prepared.ENV, str(tmp_path / "prepared"))
     config = train_config(1)
     config.data.vocab_size = 40
     points, out = 8, tmp_path / "results" / "tiny"
