@@ -76,7 +76,11 @@ def _dev_loss(metrics) -> float:
 
 
 def _manager(directory: Path, policy, read_only: bool, **options) -> ocp.CheckpointManager:
-    """A manager of steps made of the items STATE and CHECKSUMS (and LEGACY_STATE, to read older steps)."""
+    """A manager of steps made of the items STATE and CHECKSUMS (and LEGACY_STATE, to read older steps).
+
+    Item handlers, not a handler registry: with a registry orbax decides single or several items from the first
+    step it touches, which in a workdir from before the two items is an old single-item step, and then refuses the
+    two-item saves."""
     return ocp.CheckpointManager(
         directory,
         item_handlers={
