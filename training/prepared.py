@@ -123,6 +123,8 @@ def vocabulary(
             raise PreparedDataError(f"{path} does not match {digest.name} (edited or damaged); {redo}")
         _check_vocabulary(proto, f"{path} is not a SentencePiece model; {redo}")
         return proto
+    if next(corpus.iter_pairs(config, config.data.train_split, limit), None) is None:  # SentencePiece would raise
+        raise ValueError(f"config.data.train_split {config.data.train_split!r} has no sentence pairs")
     started = time.monotonic()
     proto = tokenizer.train(texts(config, limit), config.data.vocab_size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
