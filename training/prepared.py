@@ -20,6 +20,7 @@ targets), so runs on Multi30k train on the vocabulary and batches they always di
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import itertools
@@ -31,6 +32,8 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -212,20 +215,40 @@ def _arrays(directory: Path) -> list[Path]:
 
 
 def _encode(config, directory: Path, vocab_proto: bytes, limit: int) -> dict:
-    """Both sides of the kept pairs encoded by one worker a core, in order, appended to the arrays."""
+    """Both sides of the kept pairs encoded by one worker a core, in order, appended to the arrays.
+
+    At most two chunks a worker are in flight (the corpus is read as the workers take it, never queued whole);
+    a worker that cannot start or dies stops the prepare with an error (a `multiprocessing.Pool` would start it
+    again for ever).
+    """
     pairs = corpus.iter_pairs(config, config.data.train_split, limit)
     chunks = iter(lambda: list(itertools.islice(pairs, CHUNK)), [])
+    # each chunk's sources, then its targets: result k is of side k % 2
+    texts = ([pair[i] for pair in chunk] for chunk in chunks for i in range(len(SIDES)))
     tokens = {side: open(directory / f"{side}.tokens.i32", "wb") for side in SIDES}
     lengths: dict[str, list[np.ndarray]] = {side: [] for side in SIDES}
     context = multiprocessing.get_context("spawn")  # a forked JAX process can deadlock; workers import no JAX
     workers = max(1, min(len(os.sched_getaffinity(0)), 16))
+    done = 0
+
+    def collect(future) -> None:
+        nonlocal done
+        flat, counts = future.result()
+        tokens[SIDES[done % 2]].write(flat)
+        lengths[SIDES[done % 2]].append(counts)
+        done += 1
+
     try:
-        with context.Pool(workers, initializer=encoding.start, initargs=(vocab_proto,)) as pool:
-            # each chunk's sources, then its targets: result k is of side k % 2
-            texts = ([pair[i] for pair in chunk] for chunk in chunks for i in range(len(SIDES)))
-            for k, (flat, counts) in enumerate(pool.imap(encoding.encode, texts)):
-                tokens[SIDES[k % 2]].write(flat)
-                lengths[SIDES[k % 2]].append(counts)
+        with ProcessPoolExecutor(workers, context, initializer=encoding.start, initargs=(vocab_proto,)) as pool:
+            pending: collections.deque = collections.deque()
+            for text in texts:
+                pending.append(pool.submit(encoding.encode, text))
+                if len(pending) >= 2 * workers:
+                    collect(pending.popleft())
+            while pending:
+                collect(pending.popleft())
+    except BrokenProcessPool as error:
+        raise RuntimeError(f"the encoding workers stopped ({error}): see the log above for why") from None
     finally:
         for f in tokens.values():
             f.close()

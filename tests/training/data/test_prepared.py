@@ -501,3 +501,17 @@ def test_the_rows_of_every_process_together_are_the_global_batch(pack_length, sy
                 assert not joined[rows:].any() and PAD_ID == 0  # rows past the batch's: padding, weight 0
             padded += share * hosts > rows
     assert padded > 0
+
+
+def _worker_that_cannot_start(model_proto):
+    """An encoding worker's initializer that fails, as one whose imports or memory fail would."""
+    raise SystemExit(3)
+
+
+def test_encoding_workers_that_cannot_start_stop_the_prepare_instead_of_hanging(synthetic, tmp_path, monkeypatch):
+    monkeypatch.setattr(prepared.encoding, "start", _worker_that_cannot_start)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="the encoding workers stopped"):
+        prepared.prepare(synthetic, cache=tmp_path)
+    assert time.monotonic() - started < 120
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # no final directory, no partial one
