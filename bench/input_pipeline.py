@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import datetime
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -597,7 +598,14 @@ def main(argv=None):
     args.corpus = str(Path(args.corpus).resolve())
     os.environ["MULTI30K_DIR"] = args.corpus
     load = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"# bench.input_pipeline, {datetime.date.today()}\n\n{cpu_description()}\n")
+    from training.core import provenance
+
+    code = provenance.git_commit()
+    grain = importlib.util.find_spec("grain") and importlib.metadata.version("grain")
+    print(
+        f"# bench.input_pipeline, {datetime.date.today()}\n\n{cpu_description()}{f'; grain {grain}' if grain else ''}"
+    )
+    print(f"\ncode: {code.get('commit', '?')[:12]}{' (tracked files changed)' if code.get('dirty') else ''}\n")
     print(f"command: {' '.join(sys.argv)}\n\nload before: {load()}")
     cache = Path(args.prepared or tempfile.mkdtemp(prefix="headcount_prepared_"))
     if "prepare" in parts:
