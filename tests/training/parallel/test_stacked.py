@@ -1,6 +1,8 @@
 """Seeds stacked into one program train as each would alone: the same initial parameters, exactly, and each seed's
 loss at every step within 1e-5 (relative) of its own run's; a stopped seed stays as it was."""
 
+import functools
+
 import jax
 import numpy as np
 import optax
@@ -32,12 +34,17 @@ def _model():
     return Transformer(model_config(d_model=16, num_heads=2, num_layers=1, mlp_dim=24, max_len=16, dropout_rate=0.1))
 
 
-def _alone(seed):
-    """Seed `seed` trained by the training loop's trainer on one device: initial parameters and losses."""
+@functools.cache
+def _trainer():
+    """The training loop's trainer on one device (one for every seed: one compile)."""
     config = default.get_config()
     config.mesh.data = config.mesh.model = 1
-    schedule, model = _schedule(seed), _model()
-    trainer = trainers.make_trainer(config, model, optax.adam(1e-2), jax.devices()[:1])
+    return trainers.make_trainer(config, _model(), optax.adam(1e-2), jax.devices()[:1])
+
+
+def _alone(seed):
+    """Seed `seed` trained by the training loop's trainer on one device: initial parameters and losses."""
+    schedule, trainer = _schedule(seed), _trainer()
     rng_params, rng_dropout = jax.random.split(jax.random.key(seed))
     state = trainer.init_state(rng_params, schedule.batch(0))
     initial = jax.device_get(state.params)
