@@ -31,6 +31,7 @@ def main(argv):
     if flags.FLAGS.vocab_seed is not None and flags.FLAGS.vocab_seed < 0:
         raise ValueError(f"--vocab_seed {flags.FLAGS.vocab_seed}: expected a seed >= 0")
     data = prepared.prepare(config, cache=flags.FLAGS.cache, vocab_seed=flags.FLAGS.vocab_seed)
+    prepared.schedule(config, data)  # a packed config's plan too (config.seed's), which its first run would compute
     manifest = data.manifest
     print(
         json.dumps(

@@ -355,7 +355,7 @@ def _packing(path: Path, pairs: int) -> tuple[np.ndarray, np.ndarray]:
         and offsets[-1] == len(ids)
         and np.all(np.diff(offsets) > 0)
         and (len(ids) == 0 or (ids.min() >= 0 and ids.max() < pairs))
-        and len(np.unique(ids)) == len(ids)
+        and (len(ids) == 0 or np.bincount(ids, minlength=pairs).max() == 1)
     )
     if not sound:
         raise PreparedDataError(f"{path} is not a packing plan of this data; delete it (a run computes it again)")

@@ -34,7 +34,9 @@ LOCK_FILE = "train.lock"  # held by the process training in the workdir, naming 
 
 
 PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
-PREFETCH = 4  # batches the input thread makes ahead of the step (training.data.prefetch)
+# batches the input thread makes ahead of the step (training.data.prefetch): enough to cover an epoch's plan,
+# drawn at the first batch of an epoch (results/input_pipeline.md)
+PREFETCH = 16
 PREPARED_FILE = "prepared.json"  # the prepared training data a run reads: its directory and manifest's SHA-256
 DIVERGED_FILE = "diverged.json"  # a divergence stop's loss baseline and its last good checkpoint (read on resume)
 
