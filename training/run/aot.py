@@ -310,20 +310,25 @@ def compile_programs(
     state = trainer.abstract_state(jax.random.key(0), batch)
     reports = {}
     key_type = jax.random.key(0).dtype
-    if "train" in programs and stack:
-        reports["train"] = _stacked_train(config, net, tx, target, devices, stack, rows, length, packed, keep_hlo)
-    elif "train" in programs:
-        spec = _batch_spec(rows, length, packed, sharding.batch_sharding(trainer.mesh))
-        rng = jax.ShapeDtypeStruct((), key_type, sharding=sharding.replicated(trainer.mesh))
-        compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, rng)
+    if "train" in programs:
+        if stack:
+            (compiled, lower_s, compile_s), mesh, batch_rows = _stacked_train(
+                config, net, tx, target, devices, stack, rows, length, packed
+            )
+        else:
+            spec = _batch_spec(rows, length, packed, sharding.batch_sharding(trainer.mesh))
+            rng = jax.ShapeDtypeStruct((), key_type, sharding=sharding.replicated(trainer.mesh))
+            compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, rng)
+            mesh, batch_rows = trainer.mesh, rows
         reports["train"] = program_report(
             compiled,
             lower_s,
             compile_s,
             target,
             devices=len(devices),
-            mesh=dict(trainer.mesh.shape),
-            batch=[rows, length],
+            mesh=dict(mesh.shape),
+            batch=[batch_rows, length],
+            **({"stack": stack} if stack else {}),
             keep_hlo=keep_hlo,
         )
     if set(programs) - {"train"}:  # evaluation's programs: one device, unsharded parameters
@@ -349,9 +354,9 @@ def compile_programs(
 BEAM_SIZE = 4  # eval.py's --beam_size default: the config names no beam size (`eval.beam_size` overrides it)
 
 
-def _stacked_train(config, net, tx, target: Target, devices, stack: int, rows: int, length: int, packed, keep_hlo):
+def _stacked_train(config, net, tx, target: Target, devices, stack: int, rows: int, length: int, packed: bool):
     """The train step of `stack` seeds stacked (`training.parallel.stacked`) on a (seed, data) mesh over `devices`,
-    each seed's batch `rows` x `length`, compiled for `target`: its `program_report`, with the seeds ("stack")."""
+    each seed's batch `rows` x `length`, compiled for `target`: (`_compile`'s result, the mesh, a seed's rows)."""
     trainer = stacked.StackedTrainer(net, tx, config.optimizer.label_smoothing, stack, devices)
     zeros = np.zeros((rows, length), np.int32)
     state = trainer.abstract_state(Batch(zeros, zeros, zeros, zeros.astype(np.float32)))
@@ -362,18 +367,7 @@ def _stacked_train(config, net, tx, target: Target, devices, stack: int, rows: i
     }
     per_seed = jax.ShapeDtypeStruct((stack,), jax.random.key(0).dtype, sharding=trainer.state_sharding)
     active = jax.ShapeDtypeStruct((stack,), jnp.bool_, sharding=trainer.state_sharding)
-    compiled, lower_s, compile_s = _compile("train", target, trainer.step_fn, state, spec, per_seed, active)
-    return program_report(
-        compiled,
-        lower_s,
-        compile_s,
-        target,
-        devices=len(devices),
-        mesh=dict(trainer.mesh.shape),
-        batch=[rows, length],
-        stack=stack,
-        keep_hlo=keep_hlo,
-    )
+    return _compile("train", target, trainer.step_fn, state, spec, per_seed, active), trainer.mesh, rows
 
 
 def decode_shape_of(config, net) -> tuple[int, int, int]:
