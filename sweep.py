@@ -84,6 +84,12 @@ def parse_arguments(argv: list[str]):
         "(on a CPU: K at a time); instead of --jobs",
     )
     sub.add_argument(
+        "--stack_seeds",
+        type=int,
+        help="train S seeds of a point as one program, laid over every device a process sees (docs/sweeps.md, "
+        "'Stacked seeds'); packed configs only (PATH:packed); default: a process a seed",
+    )
+    sub.add_argument(
         "--launcher",
         choices=("local", "slurm"),
         default="local",
@@ -103,7 +109,12 @@ def parse_arguments(argv: list[str]):
     sub = command("point", one_point, "train and store one point (what `run` starts for each point)", sweep_config)
     sub.add_argument("--workdir", required=True, help=workdir)
     sub.add_argument("--point", required=True, help="the point, KEY=VALUE (e.g. h=8)")
-    sub.add_argument("--seed", type=int, required=True, help="its seed")
+    seeds = sub.add_mutually_exclusive_group(required=True)
+    seeds.add_argument("--seed", type=int, help="its seed")
+    seeds.add_argument(
+        "--stacked_seeds",
+        help="its seeds K,K,... trained as one program (what `run --stack_seeds` starts for each stack)",
+    )
     sub.add_argument(
         "--restart",
         action="store_true",
@@ -182,7 +193,7 @@ def run(args) -> None:
     workdir, results_dir = Path(args.workdir), Path(args.results_dir)
     module = schema.load_module(args.config)
     if args.print_commands:
-        for p in launch.pending(results_dir, args.config, module, args.seeds):
+        for p in launch.jobs_of(launch.pending(results_dir, args.config, module, args.seeds), args.stack_seeds):
             command = launch.point_command(
                 ["python", "sweep.py"], args.config, workdir, results_dir, p, launch.sweep_cache_dir()
             )
@@ -197,10 +208,19 @@ def run(args) -> None:
                 if (v := getattr(args, f"slurm_{n}")) is not None
             }
         )
-        failed = launch.wait(launch.submit(program, args.config, workdir, results_dir, args.seeds, options))
+        failed = launch.wait(
+            launch.submit(program, args.config, workdir, results_dir, args.seeds, options, stack_seeds=args.stack_seeds)
+        )
     else:
         failed = launch.run_sweep(
-            program, args.config, workdir, results_dir, args.seeds, args.jobs, args.points_per_device
+            program,
+            args.config,
+            workdir,
+            results_dir,
+            args.seeds,
+            args.jobs,
+            args.points_per_device,
+            stack_seeds=args.stack_seeds,
         )
     for path in sweep_tables.collect(results_dir, [module.SWEEP_NAME]):
         print(f"wrote {path}")
@@ -212,6 +232,14 @@ def one_point(args) -> None:
     logs.configure(verbose=flags.FLAGS.verbosity >= 1, main_process=True)  # the training log, quiet as train.py's
     module = schema.load_module(args.config)
     cache_dir = Path(args.compilation_cache_dir) if args.compilation_cache_dir else None
+    if args.stacked_seeds is not None:
+        if args.restart:
+            raise ValueError(
+                "--restart applies to one seed (--seed K); a stacked job resumes, or is moved aside by hand"
+            )
+        stack = schema.Stack(tuple(schema.parse_point(args.point, seed, module) for seed in _seeds(args.stacked_seeds)))
+        point_run.run_stack(args.config, Path(args.workdir), stack, Path(args.results_dir), cache_dir)
+        return
     point_run.run_point(
         args.config,
         Path(args.workdir),
@@ -220,6 +248,16 @@ def one_point(args) -> None:
         cache_dir,
         args.restart,
     )
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--stacked_seeds {text!r}; expected seeds K,K,... (e.g. 0,1,2)") from None
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--stacked_seeds {text!r}; expected distinct seeds")
+    return seeds
 
 
 def collect(args) -> None:

@@ -22,6 +22,7 @@ durations (`Tally`); (SLURM) jobs pending (`job_states`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import heapq
 import os
 import shlex
@@ -40,16 +41,26 @@ from training.core.progress import Bar
 from training.parallel import sharding
 from sweeps import adopt, schema, store
 from sweeps.point_run import LOCK_FILE
-from sweeps.schema import Point
+from sweeps.schema import Point, Stack
 
 
 def point_command(
-    program: list[str], config_path: str, workdir: Path, results_dir: Path, point: Point, cache_dir: Path | None = None
+    program: list[str],
+    config_path: str,
+    workdir: Path,
+    results_dir: Path,
+    point: Point | Stack,
+    cache_dir: Path | None = None,
 ) -> list[str]:
-    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point, its `point` subcommand: what a
-    launcher starts. `cache_dir`: the sweep's one persistent compilation cache (`sweep_cache_dir`), for points
-    whose config says 'auto'."""
+    """`program` (the sweep CLI, e.g. ["python", "sweep.py"]) run on one point (or one stack of a point's seeds),
+    its `point` subcommand: what a launcher starts. `cache_dir`: the sweep's one persistent compilation cache
+    (`sweep_cache_dir`), for points whose config says 'auto'."""
     cache = ["--compilation_cache_dir", str(cache_dir)] if cache_dir else []
+    seeds = (
+        ["--stacked_seeds", ",".join(map(str, point.seeds))]
+        if isinstance(point, Stack)
+        else ["--seed", str(point.seed)]
+    )
     return [
         *program,
         "point",
@@ -62,8 +73,7 @@ def point_command(
         *cache,
         "--point",
         point.arg,
-        "--seed",
-        str(point.seed),
+        *seeds,
     ]
 
 
@@ -131,6 +141,40 @@ def check_meshes(module: ModuleType, todo: list[Point], platform: str, seen: int
             ) from None
 
 
+def check_stacks(module: ModuleType, todo: list[Stack], workdir: Path) -> None:
+    """A ValueError, before any stack starts, if a point's config cannot train stacked (length buckets: no one batch
+    shape) or if WORKDIR holds an unfinished stacked job of the same point over other seeds (another --stack_seeds:
+    resuming it needs its own grouping)."""
+    for stack in {s.arg: s for s in todo}.values():
+        config = module.get_config(stack.arg)
+        if not config.data.pack_length:
+            raise ValueError(
+                f"--stack_seeds: point {stack.arg} trains on length buckets (config.data.pack_length = 0); stacked "
+                "seeds need one batch shape a step: expected a packed config (a Table 3 sweep's :packed variant)"
+            )
+    wanted = {s.name: s for s in todo}
+    for stack in todo:
+        label = stack.name.rsplit("_seeds", 1)[0]
+        for held in sorted(Path(workdir).glob(f"{label}_seeds*/stack.json")):
+            name = held.parent.name
+            seeds = json.loads(held.read_text())["seeds"]
+            if name not in wanted and set(seeds) & set(stack.seeds):
+                raise ValueError(
+                    f"--stack_seeds {len(stack.seeds)}: {held.parent} holds an unfinished stacked job of point "
+                    f"{stack.arg}, seeds {seeds} (--stack_seeds {len(seeds)}); resume it with --stack_seeds "
+                    f"{len(seeds)}, or move it aside"
+                )
+
+
+def jobs_of(todo: list[Point], stack_seeds: int | None) -> list[Point | Stack]:
+    """What the launchers start for `todo`: a process a point, or (`stack_seeds` S) a process a point's S seeds."""
+    return todo if stack_seeds is None else schema.stacks(todo, stack_seeds)
+
+
+def is_finished(out: Path, job: Point | Stack) -> bool:
+    return all(store.is_finished(out, p) for p in (job.points if isinstance(job, Stack) else (job,)))
+
+
 def local_devices() -> tuple[str, int]:
     """(platform, device count) of this machine, asked of a child process so that this one never takes GPU memory."""
     done = subprocess.run(
@@ -169,14 +213,21 @@ def run_sweep(
     seeds: int,
     jobs: int | None = None,
     points_per_device: int | None = None,
-) -> list[Point]:
+    stack_seeds: int | None = None,
+) -> list[Point | Stack]:
     """Run every unfinished point as its own process on this machine (`jobs` at a time, or `points_per_device`
     on each accelerator: `slot_environments`; neither given: `default_slots`); return the points that failed.
 
     Each process is the point's `point_command`, so an interrupted sweep resumes each point from its
     latest checkpoint and skips finished ones; its log goes to WORKDIR/KEYVALUE_seedK.log. Every point
-    compiles through one persistent cache (`sweep_cache_dir`).
+    compiles through one persistent cache (`sweep_cache_dir`). `stack_seeds` S: each process trains S seeds of a
+    point as one program (`point_run.run_stack`) over every device it sees (one at a time unless `jobs`).
     """
+    if stack_seeds is not None and points_per_device is not None:
+        raise ValueError(
+            f"--stack_seeds {stack_seeds} and --points_per_device {points_per_device}: a stack of seeds lays them "
+            "over every device it sees; give --stack_seeds alone (or --jobs)"
+        )
     if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
         raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
     if jobs is not None and points_per_device is not None:
@@ -192,8 +243,12 @@ def run_sweep(
     else:
         slots = default_slots(platform, devices, visible)
     module = schema.load_module(config_path)
-    todo = pending(results_dir, config_path, module, seeds)
-    check_meshes(module, todo, platform, 1 if "CUDA_VISIBLE_DEVICES" in slots[0] else devices)
+    todo = jobs_of(pending(results_dir, config_path, module, seeds), stack_seeds)
+    if stack_seeds is None:
+        check_meshes(module, todo, platform, 1 if "CUDA_VISIBLE_DEVICES" in slots[0] else devices)
+    else:
+        slots = slots if jobs is not None else [{}]  # a stack sees every device (training.parallel.stacked.layout)
+        check_stacks(module, todo, workdir)
     Path(workdir).mkdir(parents=True, exist_ok=True)
     running: list[tuple[Point, subprocess.Popen, object, int]] = []
     failed: list[Point] = []
@@ -256,10 +311,10 @@ def _drive(program, config_path, workdir, results_dir, out, slots, todo, running
             bar.set_postfix_str(tally.postfix())  # every second: the ETA and elapsed time move on
 
 
-def _outcome(point: Point, returncode: int, out: Path, failed: list[Point]) -> str:
+def _outcome(point: Point | Stack, returncode: int, out: Path, failed: list) -> str:
     """'done', 'FAILED' (the point joins `failed`) or 'left' (exit 0 but not stored: another process holds it)."""
     if returncode == 0:
-        return "done" if store.is_finished(out, point) else "left"
+        return "done" if is_finished(out, point) else "left"
     failed.append(point)
     return "FAILED"
 
@@ -369,10 +424,14 @@ def submit(
     seeds: int,
     options: SlurmOptions,
     cluster: str = "slurm",
-) -> list[tuple[Point, submitit.Job]]:
-    """Submit one job per unfinished (point, seed); job logs go to WORKDIR/submitit/."""
+    stack_seeds: int | None = None,
+) -> list[tuple[Point | Stack, submitit.Job]]:
+    """Submit one job per unfinished (point, seed), or per stack of a point's seeds (`stack_seeds`); job logs go to
+    WORKDIR/submitit/."""
     module = schema.load_module(config_path)
-    todo = pending(results_dir, config_path, module, seeds)
+    todo = jobs_of(pending(results_dir, config_path, module, seeds), stack_seeds)
+    if stack_seeds is not None:
+        check_stacks(module, todo, workdir)
     ex = executor(Path(workdir) / "submitit", options, cluster)
     cwd = os.getcwd()
     cache_dir = sweep_cache_dir()  # one compilation cache for every job (on the cluster's shared filesystem)

@@ -22,9 +22,9 @@ from training import prepared
 from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import loop
+from training.run import loop, stacked_run
 from sweeps import adopt, schema, store, timer
-from sweeps.schema import Point
+from sweeps.schema import Point, Stack
 
 TIMING_FILE = "train_seconds.json"
 LOCK_FILE = "running.lock"
@@ -78,23 +78,100 @@ def run_point(
                 config.num_train_steps,
             )
             return None
-        result = {
-            "point": point.arg,
-            "value": point.value,
-            "seed": point.seed,
-            **measure(run_dir, module.SWEEP_TEST_SPLIT),
-            **commit,
-            # the prepared training data it read (training.prepared): its manifest, by hash
-            "prepared_manifest_sha256": json.loads((run_dir / loop.PREPARED_FILE).read_text())["manifest_sha256"],
-        }
-        if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():
-            references = load_corpus(config, module.SWEEP_TEST_SPLIT).tgt
-            files.write_atomic(
-                store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references)
-            )
-        store.save_point(out, point, run_dir, result)
+        result = _store(module, out, point, run_dir, commit)
     finally:
         release(run_dir / LOCK_FILE)
+    return result
+
+
+def run_stack(
+    config_path: str, workdir: Path, stack: Stack, results_dir: Path, cache_dir: Path | None = None
+) -> list[dict | None]:
+    """Train the seeds of one point as one program (`training.run.stacked_run`) in WORKDIR/STACK (each seed's run in
+    WORKDIR/STACK/KEYVALUE_seedK), then evaluate and store each seed as `run_point` stores a run of its own, its
+    result.json saying that it trained stacked and with which seeds. Returns each seed's stored result (None: not
+    stored, the job stopped early or another process holds it); a seed that diverged is not stored, and the
+    call raises once the others are (stacked_run.SeedsDiverged)."""
+    if cache_dir is not None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+    module = schema.load_module(config_path)
+    out = schema.sweep_dir(results_dir, module)
+    adopt.adopt_shared(module, list(stack.points), results_dir)
+    stored = [store.point_dir(out, p) / store.RESULT_FILE for p in stack.points]
+    if all(path.exists() for path in stored):
+        return [json.loads(path.read_text()) for path in stored]
+    config = module.get_config(stack.arg)
+    stack_dir = Path(workdir) / stack.name
+    seed_dirs = [stack_dir / p.name for p in stack.points]
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    why = claim(stack_dir / LOCK_FILE)
+    if why is not None:
+        logging.warning("%s: leaving the stacked seeds to the lock's holder", why)
+        return [None] * len(stack.points)
+    commit = {**store.git_commit(), **provenance.environment()}
+    results: list[dict | None] = []
+    try:
+        vocabulary = shared_vocabulary(config, out).read_bytes()
+        timer.timed(
+            stack_dir / TIMING_FILE,
+            lambda: stacked_run.train_stacked(config, stack.seeds, stack_dir, seed_dirs, vocab_proto=vocabulary),
+        )
+        layout = json.loads((stack_dir / stacked_run.STACK_FILE).read_text())
+        diverged = []
+        for point, run_dir, path in zip(stack.points, seed_dirs, stored):
+            if path.exists():
+                results.append(json.loads(path.read_text()))
+                continue
+            trained = max(
+                (r["step"] for r in files.read_jsonl(run_dir / "metrics.jsonl") if "split" not in r), default=0
+            )
+            if (run_dir / loop.DIVERGED_FILE).exists() and trained < config.num_train_steps:
+                diverged.append(point.seed)
+                results.append(None)
+                continue
+            if trained < config.num_train_steps:
+                logging.warning(
+                    "%s stopped at step %d of %d: not evaluated or stored; a later start resumes it",
+                    stack_dir,
+                    trained,
+                    config.num_train_steps,
+                )
+                return [None] * len(stack.points)
+            # the job's wall time, which its seeds share (each seed's own files as a single run's)
+            files.write_atomic(run_dir / TIMING_FILE, (stack_dir / TIMING_FILE).read_bytes())
+            trained_with = {
+                "seeds": stack.seeds,
+                "mesh": layout["mesh"],
+                "train_seconds": "the stacked job's wall time, shared by its seeds",
+            }
+            results.append(_store(module, out, point, run_dir, commit, {"stacked": trained_with}))
+        if diverged:
+            raise stacked_run.SeedsDiverged(
+                f"{stack.name}: seed(s) {', '.join(map(str, diverged))} diverged (WORKDIR/{stack.name}/ their "
+                f"{loop.DIVERGED_FILE}); the other seeds are stored"
+            )
+    finally:
+        release(stack_dir / LOCK_FILE)
+    return results
+
+
+def _store(module, out: Path, point: Point, run_dir: Path, commit: dict, extra: dict | None = None) -> dict:
+    """Evaluate the finished run in `run_dir` and store it as `point` (result.json, hypotheses, small files)."""
+    result = {
+        "point": point.arg,
+        "value": point.value,
+        "seed": point.seed,
+        **measure(run_dir, module.SWEEP_TEST_SPLIT),
+        **commit,
+        # the prepared training data it read (training.prepared): its manifest, by hash
+        "prepared_manifest_sha256": json.loads((run_dir / loop.PREPARED_FILE).read_text())["manifest_sha256"],
+        **(extra or {}),
+    }
+    if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():
+        config = module.get_config(point.arg)
+        references = load_corpus(config, module.SWEEP_TEST_SPLIT).tgt
+        files.write_atomic(store.references_path(out, module.SWEEP_TEST_SPLIT), "".join(r + "\n" for r in references))
+    store.save_point(out, point, run_dir, result)
     return result
 
 

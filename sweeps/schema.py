@@ -53,6 +53,39 @@ class Point:
         return f"{self.key}={self.value}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """Seeds of one point trained as one program (`sweep.py run --stack_seeds S`): one job, one process."""
+
+    points: tuple[Point, ...]
+
+    @property
+    def name(self) -> str:
+        """The stack's workdir (and log) name: the point's label and its seeds."""
+        first = self.points[0]
+        return f"{store.point_label(first.key, first.value)}_seeds{'-'.join(str(p.seed) for p in self.points)}"
+
+    @property
+    def arg(self) -> str:
+        return self.points[0].arg
+
+    @property
+    def seeds(self) -> list[int]:
+        return [p.seed for p in self.points]
+
+
+def stacks(points: list[Point], size: int) -> list[Stack]:
+    """`points` as stacks of at most `size` seeds of one point each, in order (a point's last stack may be smaller)."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"--stack_seeds must be a positive int, got {size!r}")
+    by_point: dict[str, list[Point]] = {}
+    for point in points:
+        by_point.setdefault(point.arg, []).append(point)
+    return [
+        Stack(tuple(seeds[start : start + size])) for seeds in by_point.values() for start in range(0, len(seeds), size)
+    ]
+
+
 def import_file(config_path: str | Path, flag: str = "--config") -> ModuleType:
     """The Python module at `config_path` (a config file, not a package module)."""
     path = Path(config_path)

@@ -124,6 +124,27 @@ class StackedTrainer:
             for name in batches[0]
         }
 
+    def compile(self, state, batch, rngs) -> int:
+        """Compile both steps for these (abstract or real) arguments ahead of time, and use those programs from now
+        on: returns the larger one's memory a device needs in bytes (arguments + outputs - donated + temporaries +
+        code), as `training.run.aot` counts it, so a run can refuse seeds that will not fit before it trains."""
+        active = jax.ShapeDtypeStruct((self.seeds,), jnp.bool_, sharding=self.state_sharding)
+        one = self.step_fn is self.logged_step_fn  # XLA:CPU: one step for both
+        self.logged_step_fn = self.logged_step_fn.lower(state, batch, rngs, active).compile()
+        self.step_fn = self.logged_step_fn if one else self.step_fn.lower(state, batch, rngs, active).compile()
+        needs = []
+        for compiled in {id(f): f for f in (self.logged_step_fn, self.step_fn)}.values():
+            memory = compiled.memory_analysis()
+            if memory is not None:
+                needs.append(
+                    memory.argument_size_in_bytes
+                    + memory.output_size_in_bytes
+                    - memory.alias_size_in_bytes
+                    + memory.temp_size_in_bytes
+                    + memory.generated_code_size_in_bytes
+                )
+        return max(needs, default=0)
+
     def step(self, state, batch, rngs, active=None, logged: bool = True):
         """One step of every seed; `active` [seeds] bool (default all): a stopped seed's state is kept as it was;
         `logged`: this step's metrics hold the gradient norm. Returns (the new stacked state, metrics {name:
