@@ -5,6 +5,7 @@ r"""Run a config sweep and collect its tables and plots.
         --slurm_partition gpu --slurm_gpus 1 --slurm_time_min 120
     python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --points_per_device 3
     python sweep.py run --config configs/ablation_heads.py:packed --workdir runs/heads_packed --points_per_device 4
+    python sweep.py run --config configs/ablation_heads.py:packed --workdir runs/heads_packed --seeds 8 --stack_seeds 8
     python sweep.py run --config configs/ablation_heads.py --workdir runs/heads --seeds 3 --print_commands
     python sweep.py point --config configs/ablation_heads.py --workdir runs/heads --point h=8 --seed 0 [--restart]
     python sweep.py collect [--config configs/ablation_heads.py] [--results_dir results]
@@ -16,7 +17,7 @@ r"""Run a config sweep and collect its tables and plots.
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
 checkpoint in WORKDIR. `run` starts one process per unfinished point (`point`; `--points_per_device K`:
-K of them on each GPU); `--launcher slurm` submits one submitit job per unfinished point and waits
+K of them on each GPU; `--stack_seeds S`: one per S seeds of a point, trained as one program); `--launcher slurm` submits one submitit job per unfinished point and waits
 for them; `--print_commands` prints one command per point instead; `collect` rebuilds
 RESULTS_DIR/NAME.{md,csv,png} from RESULTS_DIR/NAME/ alone. `--config PATH:packed` is the Table 3
 sweeps' packed preset, stored as NAME_packed. absl's logging flags (-v 1, --verbosity 1) go with any
