@@ -61,7 +61,9 @@ LIBTPU_ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One accelerator kind: its platform, memory a device (GiB) and how its topology is named."""
+    """One accelerator kind: its platform, memory a device (GiB) and how its topology is named; for a TPU, its
+    peak bfloat16 matrix FLOP/s and HBM bandwidth (bytes/s) a chip (a GPU's rates are its target config's:
+    `kernels.Rates`)."""
 
     platform: str
     name: str
@@ -69,6 +71,8 @@ class Chip:
     topology_rank: int  # TPU: 2 ("2x2") or 3 ("2x2x1"); GPU: 1 (a count of GPUs)
     chip_config_name: str | None = None  # "megacore": one device a chip (its two TensorCores as one)
     target_config: str | None = None  # a GPU's XLA target config, a file in gpu_targets/
+    peak_flops: float | None = None  # TPU: bfloat16 FLOP/s a chip
+    hbm_bandwidth: float | None = None  # TPU: HBM bytes/s a chip
 
 
 GPU_TARGETS = Path(__file__).parent / "gpu_targets"
@@ -81,12 +85,14 @@ def _gpu(name: str, target_config: str) -> Chip:
 
 
 # HBM a chip, as Google Cloud's TPU system-architecture pages state it (cloud.google.com/tpu/docs/v4,
-# /v5e, /v5p, /v6e), read as GiB. v4 and v5p compile as megacore: one device is a whole chip.
+# /v5e, /v5p, /v6e), read as GiB. v4 and v5p compile as megacore: one device is a whole chip. Peak bfloat16
+# FLOP/s and HBM bandwidth a chip, from the same pages' specification tables (vendor peaks, not measured):
+# v4 275 TFLOP/s, 1,200 GB/s; v5e 197 TFLOP/s, 819 GB/s; v5p 459 TFLOP/s, 2,765 GB/s; v6e 918 TFLOP/s, 1,640 GB/s.
 CHIPS = {
-    "v4": Chip("tpu", "v4", 32, 3, "megacore"),
-    "v5e": Chip("tpu", "v5e", 16, 2),
-    "v5p": Chip("tpu", "v5p", 95, 3, "megacore"),
-    "v6e": Chip("tpu", "v6e", 32, 2),
+    "v4": Chip("tpu", "v4", 32, 3, "megacore", peak_flops=275e12, hbm_bandwidth=1200e9),
+    "v5e": Chip("tpu", "v5e", 16, 2, peak_flops=197e12, hbm_bandwidth=819e9),
+    "v5p": Chip("tpu", "v5p", 95, 3, "megacore", peak_flops=459e12, hbm_bandwidth=2765e9),
+    "v6e": Chip("tpu", "v6e", 32, 2, peak_flops=918e12, hbm_bandwidth=1640e9),
     "h100": _gpu("h100", "h100_sxm.txtpb"),
     "h200": _gpu("h200", "h200.txtpb"),
 }
@@ -211,10 +217,12 @@ _OOM = re.compile(r"required for (?P<what>[^(]*?) \((?P<need>[\d.]+)G\) exceeds 
 @dataclasses.dataclass(frozen=True)
 class Program:
     """A compiled program and its FLOPs a device: XLA's cost analysis of the compiled program where the
-    target's compiler gives one (TPU), else XLA:CPU's count of the unoptimised module over the devices (GPU)."""
+    target's compiler gives one (TPU), else XLA:CPU's count of the unoptimised module over the devices (GPU);
+    the bytes a device's program reads and writes where the cost analysis gives them (TPU), else None."""
 
     compiled: object  # jax.stages.Compiled
     flops: float | None
+    bytes_accessed: float | None = None
 
     def memory_analysis(self):
         return self.compiled.memory_analysis()
@@ -251,7 +259,8 @@ def _compile(program: str, target: Target, fn, *args) -> tuple[Program, float, f
     else:  # the devices the program spans: the train step's mesh, or the one device evaluation runs on
         spans = [len(leaf.sharding.device_set) for leaf in jax.tree.leaves(args) if getattr(leaf, "sharding", None)]
         flops = _unoptimised_flops(lowered, max(spans, default=1))
-    return Program(compiled, flops), lowered_at - start, compiled_at - lowered_at
+    accessed = float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
+    return Program(compiled, flops, accessed), lowered_at - start, compiled_at - lowered_at
 
 
 def _unoptimised_flops(lowered, devices: int) -> float | None:
@@ -452,6 +461,7 @@ def program_report(
         "hbm_gib": target.chip.hbm_gib,
         "hbm_share": mem["needed"] / (target.chip.hbm_gib * GIB),
         "flops": compiled.flops,
+        "bytes_accessed": getattr(compiled, "bytes_accessed", None),
         "collectives": {op: n for op, (n, _) in found.items()},
         "collective_bytes": {op: b for op, (_, b) in found.items()},
         **hlo_counts(module),
@@ -459,6 +469,17 @@ def program_report(
         "compile_s": compile_s,
         **({"hlo": hlo} if keep_hlo else {}),
     }
+
+
+def tpu_roofline_s(report: dict, chip: Chip) -> float | None:
+    """A TPU program's roofline seconds (`program_report`, a device's program): max(FLOPs / the chip's peak bfloat16
+    FLOP/s, bytes accessed / its HBM bandwidth), both counts from XLA's cost analysis of the compiled program, the
+    rates the vendor's peaks (`CHIPS`); a lower bound on the program's time, not an estimate of it. None where a
+    count or a rate is unknown (a GPU: `kernels.profile`)."""
+    flops, accessed = report.get("flops"), report.get("bytes_accessed")
+    if flops is None or accessed is None or chip.peak_flops is None or chip.hbm_bandwidth is None:
+        return None
+    return max(flops / chip.peak_flops, accessed / chip.hbm_bandwidth)
 
 
 PROGRAM_NAMES = {"train": "the train step", "eval": "the eval step", "decode": "the decode step", "beam": "beam search"}
