@@ -11,16 +11,18 @@ r"""Run a config sweep and collect its tables and plots.
     python sweep.py collect [--config configs/ablation_heads.py] [--results_dir results]
     python sweep.py study --config configs/table3_preset.py [--results_dir results]   # several sweeps, one Holm family
     python sweep.py plan --config configs/ablation_heads.py --target tpu:v5e   # compile every point, train nothing
+    python sweep.py plan --config configs/ablation_heads.py:packed --target tpu:v5e:2x4 --stack_seeds 8  # hours
     python sweep.py adopt --config configs/ablation_dk.py [--results_dir results]  # shared runs' later seeds
     python sweep.py registered --config configs/head_size_blocked.py [--missing VALUE:SEED --why ...]  # preregistered
 
 A finished point's small files go to RESULTS_DIR/NAME/KEYVALUE/seedK/ (commit them); points stored
 there are skipped, wherever the sweep is continued, and interrupted ones resume from their
 checkpoint in WORKDIR. `run` starts one process per unfinished point (`point`; `--points_per_device K`:
-K of them on each GPU; `--stack_seeds S`: one per S seeds of a point, trained as one program); `--launcher slurm` submits one submitit job per unfinished point and waits
-for them; `--print_commands` prints one command per point instead; `collect` rebuilds
-RESULTS_DIR/NAME.{md,csv,png} from RESULTS_DIR/NAME/ alone. `--config PATH:packed` is the Table 3
-sweeps' packed preset, stored as NAME_packed. absl's logging flags (-v 1, --verbosity 1) go with any
+K of them on each GPU; `--stack_seeds S`: one per S seeds of a point, trained as one program);
+`--launcher slurm` submits one submitit job per unfinished point (or stack) and waits for them;
+`--print_commands` prints one command per point instead; `collect` rebuilds RESULTS_DIR/NAME.{md,csv,png}
+from RESULTS_DIR/NAME/ alone. `--config PATH:packed` is the Table 3 sweeps' packed preset, stored as
+NAME_packed. absl's logging flags (-v 1, --verbosity 1) go with any
 subcommand: a point's training log is quiet (as train.py's) unless verbose.
 """
 
@@ -153,7 +155,20 @@ def parse_arguments(argv: list[str]):
     sub.add_argument(
         "--target", required=True, help="tpu:CHIP[:TOPOLOGY] or cuda:GPU[:COUNT], e.g. tpu:v5e, tpu:v4:2x2x1, cuda:h100"
     )
-    sub.add_argument("--mesh", default="-1,1", help="DATA,MODEL shards of each point's mesh (-1: the rest)")
+    sub.add_argument(
+        "--mesh", help="DATA,MODEL shards of each point's mesh (-1: the rest; default -1,1); not with --stack_seeds"
+    )
+    sub.add_argument(
+        "--stack_seeds",
+        type=int,
+        help="plan `run --stack_seeds S`: each point's seeds S at a time as one program over every device of "
+        "--target (memory, collectives, the roofline of a stacked step) and the sweep's device-hours, a lower "
+        "bound from the compiled roofline (sweeps/plan.py)",
+    )
+    sub.add_argument("--seeds", type=int, help="--stack_seeds: seeds a point (default 3)")
+    sub.add_argument(
+        "--steps", type=int, help="--stack_seeds: training steps a point (default: each point's num_train_steps)"
+    )
     sub = command(
         "registered",
         registered_analysis,
@@ -273,8 +288,23 @@ def write_study(args) -> None:
 
 def plan_sweep(args) -> None:
     target = aot.parse_target(args.target)
-    data, model = aot.parse_mesh(args.mesh)
-    print(plan.table(plan.plan(schema.load_module(args.config), target, data, model), target))
+    if args.stack_seeds is None:
+        given = [f"--{name}" for name in ("seeds", "steps") if getattr(args, name) is not None]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)} apply with --stack_seeds only (the device-hours of a stacked sweep)"
+            )
+        data, model = aot.parse_mesh(args.mesh or "-1,1")
+        print(plan.table(plan.plan(schema.load_module(args.config), target, data, model), target))
+        return
+    if args.mesh is not None:
+        raise ValueError(
+            f"--mesh {args.mesh} with --stack_seeds: a stack lays its seeds over every device on a (seed, data) mesh "
+            "(training.parallel.stacked.layout); give one or the other"
+        )
+    seeds = 3 if args.seeds is None else args.seeds
+    rows = plan.plan_stacked(schema.load_module(args.config), target, args.stack_seeds, seeds, args.steps)
+    print(plan.stacked_table(rows, target, args.stack_seeds, seeds))
 
 
 def registered_analysis(args) -> None:

@@ -71,7 +71,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path, r
         try:
             return _train_and_evaluate(config, workdir, cache, compiles, entered, restart)
         finally:
-            logging.info("compilation in this invocation: %s", _compile_summary(compiles.totals()))
+            logging.info("compilation in this invocation: %s", compile_summary(compiles.totals()))
 
 
 def _train_and_evaluate(
@@ -131,7 +131,7 @@ def _prepare(config, workdir: Path, cache: Path | None, restart: bool) -> _Run:
         device.platform,
         jax.process_count(),
     )
-    dev = _nonempty(config, "eval_split")
+    dev = nonempty(config, "eval_split")
     vocab_path = workdir / "spm.model"
     reuse_vocab = vocab_path.exists() and not restart
     # The training split, prepared once for every run on this corpus (training.prepared), encoded with the
@@ -228,13 +228,13 @@ def _train(
     learning_rate = jax.jit(
         step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps)
     )  # logged; jitted: one program, not a dozen eager ops
-    stop = _StopFlag()
+    stop = StopFlag()
     dev_metrics: dict = {}
-    watch = _loss_watch(config, writer, baseline)
-    if _interrupted_evaluation(config, writer, start):
+    watch = loss_watch(config, writer, baseline)
+    if interrupted_evaluation(config, writer, start):
         logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
         dev_metrics = evaluate(state, start, stop) or {}
-    window = _Window(compiles)
+    window = Window(compiles)
     batches = _prefetch(run, start, config.num_train_steps)
     progress = Bar(  # while it is drawn, the log lines are written around it
         total=config.num_train_steps,
@@ -251,7 +251,7 @@ def _train(
                 logging.info(
                     "first step done %.1fs after the start; compilation so far: %s",
                     window.first_step_s,
-                    _compile_summary(compiles.totals()),
+                    compile_summary(compiles.totals()),
                 )
             stop.catch()
             done = step + 1
@@ -282,7 +282,7 @@ def _train(
                 dev_metrics = result
             if checkpoint_now:
                 ckpts.save(done, run.trainer.to_checkpoint(state))
-            if _stopping(config, done, out_of_time, stop_requested, stop):
+            if stopping(config, done, out_of_time, stop_requested, stop):
                 break
     except NonFiniteLoss:
         record_divergence(Path(ckpts.latest.directory).parent, watch.lowest, ckpts)
@@ -294,7 +294,7 @@ def _train(
     return dev_metrics
 
 
-def _loss_watch(config, writer: MetricsWriter, baseline: float | None) -> LossWatch:
+def loss_watch(config, writer: MetricsWriter, baseline: float | None) -> LossWatch:
     """The divergence watch of a run resumed at the lowest loss it logged (or the divergence stop's `baseline`)."""
     logged = [r["loss"] for r in writer.records if "split" not in r and "loss" in r]
     return LossWatch(
@@ -313,7 +313,7 @@ def _prefetch(run: _Run, start: int, stop: int) -> Prefetch:
     return Prefetch(make, start, stop, depth=PREFETCH)
 
 
-def _interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
+def interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
     """Whether the dev evaluation at step `start` was cut short by a stop signal (it is redone before training
     goes on): every process agrees."""
     return distributed.agree(
@@ -324,7 +324,7 @@ def _interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
 
 
 def _timed_step(
-    config, run: _Run, ckpts, state, step: int, watch: LossWatch, window: _Window, batches: Prefetch
+    config, run: _Run, ckpts, state, step: int, watch: LossWatch, window: Window, batches: Prefetch
 ) -> tuple:
     """Train step `step`: its batch and step times and metrics go to `window`, its loss to `watch` (which stops
     a diverged run). Returns (the new state, the loss). The data time is the wait for the prefetched batch."""
@@ -342,7 +342,7 @@ def _timed_step(
     return state, loss
 
 
-def _stopping(config, done: int, out_of_time: bool, stop_requested: bool, stop: _StopFlag) -> bool:
+def stopping(config, done: int, out_of_time: bool, stop_requested: bool, stop: StopFlag) -> bool:
     """Whether training stops after step `done` (out of time, or a stop signal), logged."""
     if out_of_time:
         logging.info(
@@ -364,7 +364,7 @@ class _Evaluator:
         self.config, self.run, self.ckpts, self.writer = config, run, ckpts, writer
         self.eval_step = dev_lib.eval_step_fn(run.model)
 
-    def __call__(self, state, done: int, stop: _StopFlag) -> dict | None:
+    def __call__(self, state, done: int, stop: StopFlag) -> dict | None:
         run = self.run
         result = dev_lib.dev_metrics(
             self.config,
@@ -399,7 +399,7 @@ def _log_window(config, writer: MetricsWriter, record: dict) -> None:
     )
 
 
-def _nonempty(config, field: str) -> Corpus:
+def nonempty(config, field: str) -> Corpus:
     corpus = load_corpus(config, config.data[field])
     if not len(corpus):
         raise ValueError(
@@ -488,13 +488,13 @@ def _log_batch_split(schedule, data_shards):
 
 
 @jax.jit
-def _all_finite(params):
+def all_finite(params):
     return jax.numpy.all(jax.numpy.stack([jax.numpy.isfinite(x).all() for x in jax.tree.leaves(params)]))
 
 
 def _check_finite(params, step, ckpts):
     """Never checkpoint a state that has gone non-finite: the last saved one stays the last good one."""
-    if not bool(_all_finite(params)):
+    if not bool(all_finite(params)):
         raise _diverged(f"parameters are not finite after step {step}", ckpts)
 
 
@@ -570,14 +570,14 @@ class LossWatch:
         return None
 
 
-def _compile_summary(totals: dict) -> str:
+def compile_summary(totals: dict) -> str:
     return (
         f"{totals['compiled']} programs compiled in {totals['compile_s']:.1f}s, "
         f"{totals['cache_loaded']} loaded from the persistent cache in {totals['cache_load_s']:.1f}s"
     )
 
 
-class _Window:
+class Window:
     """Accumulates per-step timings and metrics between two log lines, and the compiles since the last one."""
 
     def __init__(self, compiles: compile_cache.CompileCounter):
@@ -626,7 +626,7 @@ class _Window:
         return since if first is None else {**since, "first_step_s": first}
 
 
-class _StopFlag:
+class StopFlag:
     """Once `catch()`-ing, SIGTERM/SIGINT set a flag; the loop saves a checkpoint and leaves at the end of the step.
 
     The loop catches from the end of its first step: before, there is nothing to save, and a

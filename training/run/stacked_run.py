@@ -111,7 +111,7 @@ def train_stacked(
                 _write_workdirs(config, configs, workdir, seed_dirs, run)
                 return _train(config, configs, seed_dirs, workdir, run, compiles, entered)
         finally:
-            logging.info("compilation in this invocation: %s", loop._compile_summary(compiles.totals()))
+            logging.info("compilation in this invocation: %s", loop.compile_summary(compiles.totals()))
 
 
 @dataclasses.dataclass
@@ -132,7 +132,7 @@ class _Stack:
 
 def _prepare(config, configs, workdir: Path, cache, vocab_proto: bytes | None, devices) -> _Stack:
     """Data, vocabulary, model, schedules, trainer and stacked state; both steps compiled and their memory checked."""
-    dev = loop._nonempty(config, "eval_split")
+    dev = loop.nonempty(config, "eval_split")
     given = (workdir / "spm.model").read_bytes() if (workdir / "spm.model").exists() else vocab_proto
     data = prepared.prepare(config, vocab_proto=given)
     if not data.manifest["pairs"]:
@@ -238,19 +238,19 @@ class _Job:
     def __init__(self, config, configs, seed_dirs, run: _Stack, ckpts, own, writers, compiles, active):
         self.config, self.configs, self.seed_dirs, self.run = config, configs, seed_dirs, run
         self.ckpts, self.own, self.writers, self.active = ckpts, own, writers, active
-        self.watches = [loop._loss_watch(c, w, None) for c, w in zip(configs, writers)]
-        self.windows = [loop._Window(compiles) for _ in configs]
+        self.watches = [loop.loss_watch(c, w, None) for c, w in zip(configs, writers)]
+        self.windows = [loop.Window(compiles) for _ in configs]
         self.compiles = compiles
         self.dev_metrics: list[dict | None] = [{} for _ in configs]
         self.eval_step = dev_lib.eval_step_fn(run.model)
-        self.finite = jax.jit(jax.vmap(lambda params: loop._all_finite(params)))
+        self.finite = jax.jit(jax.vmap(lambda params: loop.all_finite(params)))
 
     def train(self, state, start: int, entered: float) -> list:
         config, run = self.config, self.run
         learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))
-        stop = loop._StopFlag()
+        stop = loop.StopFlag()
         redo = [
-            i for i, w in enumerate(self.writers) if self.active[i] and loop._interrupted_evaluation(config, w, start)
+            i for i, w in enumerate(self.writers) if self.active[i] and loop.interrupted_evaluation(config, w, start)
         ]
         if redo:
             logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
@@ -271,7 +271,7 @@ class _Job:
                     logging.info(
                         "first step done %.1fs after the start; compilation so far: %s",
                         first,
-                        loop._compile_summary(self.compiles.totals()),
+                        loop.compile_summary(self.compiles.totals()),
                     )
                 stop.catch()
                 done = step + 1
@@ -297,7 +297,7 @@ class _Job:
                     self.ckpts.save(done, self._checkpoint(state))
                 if last and done == config.num_train_steps:
                     self._save_own(state, done)
-                if loop._stopping(config, done, out_of_time, stop.requested, stop):
+                if loop.stopping(config, done, out_of_time, stop.requested, stop):
                     break
                 if not self.active.any():
                     logging.error("every stacked seed has diverged: stopping at step %d", done)

@@ -317,7 +317,7 @@ def test_missing_data_directory_names_the_path(tmp_path, monkeypatch):
     ],
 )
 def test_a_log_line_holds_the_logged_steps_gradient_norm_on_every_platform(norms, logged):
-    window = loop._Window(compile_cache.CompileCounter())
+    window = loop.Window(compile_cache.CompileCounter())
     for i, norm in enumerate(norms):
         metrics = {"loss": 3.0 + i, "nll": 2.0 + i, **({} if np.isnan(norm) else {"grad_norm": norm})}
         window.add(0.1, 0.4, 100, 0.2, metrics)
