@@ -5,10 +5,14 @@ The preset's 4,000 steps take about 55 minutes a seed on a CPU without native bf
 CPU trains `STEPS` (the schedule's cosine decay and the cadence of ten evaluations scaled to it); the same
 config, with the same seeds, trains both sides:
 
-    python sweep.py run --config configs/stacked_check.py --workdir runs/stacked_check --seeds 3 \
-        --results_dir runs/stacked_check/alone
-    python sweep.py run --config configs/stacked_check.py --workdir runs/stacked_check --seeds 3 --stack_seeds 3 \
-        --results_dir runs/stacked_check/stacked
+    taskset -c 1 python sweep.py run --config configs/stacked_check.py --seeds 3 \
+        --workdir runs/stacked_check/alone_runs --results_dir runs/stacked_check/alone
+    taskset -c 1 python sweep.py run --config configs/stacked_check.py --seeds 3 --stack_seeds 3 \
+        --workdir runs/stacked_check/stacked_runs --results_dir runs/stacked_check/stacked
+    python -m bench.stacked_cpu --alone runs/stacked_check/alone --alone_runs runs/stacked_check/alone_runs \
+        --stacked runs/stacked_check/stacked --stacked_runs runs/stacked_check/stacked_runs
+
+(each run under `/usr/bin/time -v`, its report passed as --alone_time / --stacked_time: results/stacked.md).
 """
 
 from configs import ablation_heads, table3_preset
