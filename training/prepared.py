@@ -142,6 +142,13 @@ def prepare(
 ) -> Prepared:
     """The training split of `config` encoded with `vocab_proto` (else the vocabulary trained with `vocab_seed`,
     default `config.seed`, as train.py trains it): read from the cache, or prepared now and then read."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # an encoding worker (spawned) re-imports the caller's main module: without the guard that module's
+        # top level calls this again, and the worker would wait on its parent's half-written directory
+        raise RuntimeError(
+            "training.prepared.prepare was called while a spawned encoding worker imported the main module: "
+            "put the script's top-level code under `if __name__ == '__main__':`"
+        )
     root = cache_root(cache)
     limit = config.data.train_limit
     ident = corpus_identity(config, limit)

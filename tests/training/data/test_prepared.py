@@ -515,3 +515,13 @@ def test_encoding_workers_that_cannot_start_stop_the_prepare_instead_of_hanging(
         prepared.prepare(synthetic, cache=tmp_path)
     assert time.monotonic() - started < 120
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # no final directory, no partial one
+
+
+def test_a_worker_reimporting_an_unguarded_script_is_told_what_to_do(monkeypatch):
+    # a spawned encoding worker re-imports the caller's main module; a script without the guard calls prepare
+    # again there, which must stop with the fix named instead of waiting on its parent's directory
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match=r"spawned encoding worker imported the main module: .*__main__"):
+        prepared.prepare(None)
