@@ -1,6 +1,6 @@
 """Several sweeps' comparisons read as one study, with one Holm family over all of them.
 
-Each sweep's table adjusts over its own comparisons (sweeps/tables.py). A reading that draws on several
+Each sweep's table adjusts over its own comparisons (sweeps/tables/). A reading that draws on several
 tables at once (results/table3.md: rows A, rows B, KV sharing, head size, budget) makes all of their
 comparisons, so `study_comparisons` adjusts them together: a verdict that holds here holds for the whole
 study. A study config names them: `STUDY_NAME` (the file), optionally `STUDY_TITLE`, and

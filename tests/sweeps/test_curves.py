@@ -1,4 +1,4 @@
-"""Dev-curve readings (sweeps/curves.py) against hand-worked numbers, and the section tables.py writes."""
+"""Dev-curve readings (sweeps/curves.py) against hand-worked numbers, and the section sweeps/tables/ writes."""
 
 import math
 
