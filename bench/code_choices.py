@@ -2,7 +2,7 @@
 
     MULTI30K_DIR=... taskset -c 0 python -m bench.code_choices --rounds 4     # results/code_choices.md
 
-Two workloads, on real Multi30k at the small size (bench/lib.py's `SIZES`), in float32 and bfloat16:
+Two workloads, on real Multi30k at the small size (`bench.lib.SIZES`), in float32 and bfloat16:
 - train: the training loop's step over an epoch's bucket shapes (`bench.lib.Ours`, as bench.peer times it),
   in useful target tokens/s;
 - decode: beam-4 search, batches of 20 test sources, 63 steps (`bench.lib.OursDecode`, as

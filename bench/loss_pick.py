@@ -7,7 +7,7 @@ vocabulary, what GPUs and TPUs run) and once with `backends.xla_cpu.target_logit
 gradient scatters): the loss alone (`token_losses`, label smoothing 0.1, its gradient with respect
 to float32 logits [rows, 64, vocab]) and the whole train step (`step.train_step`, the default config
 at the small size, float32 and bfloat16, on one synthetic [rows, 64] batch), rows and vocabulary
-those of bench/lib.py's small size (20, 8000). Rounds alternate which goes first; each round is the
+those of bench.lib's small size (20, 8000). Rounds alternate which goes first; each round is the
 median of `--reps` calls on this process's CPU time. Prints each one's median over rounds and the
 ratio masked sum / gather (above 1: the gather pays on this CPU; results/code_choices.md's bar: 3 %
 of the train step).

@@ -1,6 +1,6 @@
 """Time `torch.nn.functional.scaled_dot_product_attention` on one thread, as bench/attention_speed.py's peer.
 
-Needs only torch, NumPy and bench/lib.py (which imports the standard library and NumPy), so it can
+Needs only torch, NumPy and bench/lib/ (which imports the standard library and NumPy), so it can
 run under another Python than the project's (torch's CPU wheel here exists for Python 3.11 only),
 from the repository root:
 

@@ -1,4 +1,4 @@
-"""bench/lib.py: where the peer's example comes from (a folder, or a google/flax git dir), its import with
+"""bench/lib/: where the peer's example comes from (a folder, or a google/flax git dir), its import with
 stubs for the imports it never calls, and the HLO dot reader, on hand-made inputs."""
 
 import subprocess
@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from bench import lib
+from bench.lib import flax_example
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def clean_imports(monkeypatch):
 def test_the_example_imports_with_stubs_for_what_it_never_calls_and_never_from_elsewhere(
     tmp_path, monkeypatch, clean_imports
 ):
-    monkeypatch.setattr(lib, "STUBBABLE", ("clu", "clu.metric_writers"))  # clu is not installed here
+    monkeypatch.setattr(flax_example, "STUBBABLE", ("clu", "clu.metric_writers"))  # clu is not installed here
     (tmp_path / "wmt_example_train.py").write_text("from clu import metric_writers\nWRITER = metric_writers\n")
     (train,), stubbed = lib.import_flax_example(str(tmp_path), ("wmt_example_train",))
     assert train.WRITER is sys.modules["clu.metric_writers"] and "stub" in train.WRITER.__doc__
@@ -73,7 +74,7 @@ def test_the_example_imports_with_stubs_for_what_it_never_calls_and_never_from_e
 
 def test_with_the_stub_switch_on_nothing_stubbable_is_imported(tmp_path, monkeypatch, clean_imports):
     monkeypatch.setenv(lib.STUB_ENV, "1")
-    monkeypatch.setattr(lib, "STUBBABLE", ("json",))  # importable, yet stubbed
+    monkeypatch.setattr(flax_example, "STUBBABLE", ("json",))  # importable, yet stubbed
     monkeypatch.delitem(sys.modules, "json")
     (tmp_path / "wmt_example_uses_json.py").write_text("import json\nDOC = json.__doc__\n")
     (module,), stubbed = lib.import_flax_example(str(tmp_path), ("wmt_example_uses_json",))
