@@ -127,11 +127,8 @@ def plan_stacked(
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise ValueError(f"--steps must be a positive int, got {steps!r}")
     devices = aot.compile_only_devices(target) if devices is None else devices
-    rates = (
-        kernels.Rates.from_target_config((aot.GPU_TARGETS / target.chip.target_config).read_text())
-        if target.chip.platform == "cuda"
-        else None
-    )
+    gpu = target.chip.target_config if target.chip.platform == "cuda" else None
+    rates = kernels.Rates.from_target_config((aot.GPU_TARGETS / gpu).read_text()) if gpu else None
     rows: list[dict] = []
     total = len(module.SWEEP_VALUES) * len(sizes)
     with Bar(total=total, desc="[plan] compiling", unit="stack") as bar:  # minutes a compile for a large model
@@ -317,12 +314,13 @@ def stacked_table(rows: list[dict], target: aot.Target, stack: int, seeds: int) 
         )
     titles = ["point", "seeds a stack", "stacks", "steps", "mesh", "needs MiB", "of HBM", "collectives"]
     titles += ["roofline ms a stacked step", "compile s"]
+    peak, bandwidth = target.chip.peak_flops or math.nan, target.chip.hbm_bandwidth or math.nan
     how = (
         "each kernel max(bytes / bandwidth, FLOPs / matrix rate) at the card's rates (kernels.profile), the "
         "program before autotuning"
         if target.chip.platform == "cuda"
-        else f"max(FLOPs / {target.chip.peak_flops / 1e12:g} TFLOP/s, bytes accessed / "
-        f"{target.chip.hbm_bandwidth / 1e9:,.0f} GB/s) of XLA's cost analysis, the chip's vendor peaks"
+        else f"max(FLOPs / {peak / 1e12:g} TFLOP/s, bytes accessed / {bandwidth / 1e9:,.0f} GB/s) of XLA's cost "
+        "analysis, the chip's vendor peaks"
     )
     head = (
         f"train step per point, --seeds {seeds} stacked {stack} at a time (ceil({seeds} / {stack}) = "
