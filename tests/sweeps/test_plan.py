@@ -1,6 +1,7 @@
 """`sweep.py plan`: every point of a sweep compiled for a TPU target on this CPU, nothing trained.
 
-Marked slow (two TPU compiles: 82 s on a shared core here). Skipped where the libtpu wheel (the `aot` extra) is absent.
+The tests that compile are marked slow (two TPU compiles: 82 s on a shared core here; the stacked plan's, 15-25 s
+each), those that fake the compile are not. Skipped where the libtpu wheel (the `aot` extra) is absent.
 """
 
 import io
@@ -81,6 +82,7 @@ def packed_tiny(values=(2,)):
     return SimpleNamespace(SWEEP_KEY="h", SWEEP_VALUES=values, get_config=get_config)
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_a_stacked_plan_lays_eight_seeds_over_a_v5e_8_and_books_its_roofline():
     target = aot.parse_target("tpu:v5e:2x4")
@@ -97,6 +99,7 @@ def test_a_stacked_plan_lays_eight_seeds_over_a_v5e_8_and_books_its_roofline():
     assert "LOWER BOUND from the compiler's roofline" in text and "not a measurement" in text
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_three_seeds_on_eight_chips_split_each_seeds_batch_and_exchange_nothing_across_seeds():
     # what `run --seeds 3 --stack_seeds 8` trains on a v5e-8: one stack of three, each seed's 8 rows over 8 chips
