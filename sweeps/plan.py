@@ -156,15 +156,7 @@ def _stacked_row(config, size: int, target: aot.Target, devices, rates) -> dict:
     }
     if not config.data.pack_length:
         return {**row, "refused": _BUCKETS}
-    seed_shards, data = stacked.layout(size, len(devices))
-    if idle := idle_devices(aot.train_shape(config)[0], seed_shards, data):
-        rows_a_seed = aot.train_shape(config)[0]
-        return {
-            **row,
-            "mesh": {stacked.SEED: seed_shards, sharding.DATA: data},
-            "refused": f"{size} seed(s) on {len(devices)} devices split each seed's {rows_a_seed} rows over {data} "
-            f"devices, leaving {idle} of them idle (padding rows only): stack more seeds a device",
-        }
+    idle = stacked.idle_note(size, len(devices), aot.train_shape(config)[0])  # said in the plan, and planned
     try:
         report = aot.compile_programs(config, target, programs=("train",), devices=devices, keep_hlo=True, stack=size)[
             "train"
@@ -181,6 +173,7 @@ def _stacked_row(config, size: int, target: aot.Target, devices, rates) -> dict:
         "roofline_s": roofline_s(report, hlo, target, rates),
         "compile_s": report["compile_s"],
         "refused": aot.refusal("train", report),
+        "idle": idle,
     }
 
 
@@ -188,13 +181,6 @@ _BUCKETS = (
     "trains on length buckets (config.data.pack_length = 0): stacked seeds need one batch shape a step "
     "(a Table 3 sweep's PATH:packed)"
 )
-
-
-def idle_devices(rows: int, seed_shards: int, data: int) -> int:
-    """Devices of a (seed, data) mesh that hold only padding rows: each seed's `rows` split over `data` devices as
-    `sharding.padded_rows` pads them (ceil(rows / data) a device)."""
-    a_device = -(-rows // data)
-    return (data - -(-rows // a_device)) * seed_shards
 
 
 def roofline_s(report: dict, hlo: str, target: aot.Target, rates) -> float | None:
@@ -346,4 +332,5 @@ def stacked_table(rows: list[dict], target: aot.Target, stack: int, seeds: int) 
             "(no launch gaps, no achieved fraction of peak, no evaluation, compiles or input), not a measurement: "
             "book more."
         )
-    return head + "\n\n" + markdown_table(titles, cells, "lrrrlrrlrr") + "\n\n" + booking
+    notes = "".join(f"\n\n{r['point']}: {r['idle']}" for r in rows if r.get("idle"))
+    return head + "\n\n" + markdown_table(titles, cells, "lrrrlrrlrr") + notes + "\n\n" + booking

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from sweeps import plan, schema
+from training.parallel import stacked
 from training.run import aot
 
 TINY = Path(__file__).with_name("tiny_sweep.py")
@@ -160,7 +161,7 @@ def test_a_last_smaller_stack_is_compiled_and_booked_on_its_own(monkeypatch):
         plan.stack_sizes(3, 0)
 
 
-def test_stacks_that_do_not_fit_leave_chips_idle_or_train_on_buckets_are_refused_in_one_line(monkeypatch):
+def test_stacks_that_do_not_fit_or_train_on_buckets_are_refused_and_idle_chips_said_in_one_line(monkeypatch):
     def compile_programs(config, target, programs, devices, keep_hlo, stack):
         if config.model.num_heads == 2:
             raise aot.DoesNotFit("the train step needs 20.0 GiB a device (HLO temporaries alone); a v5e has 16")
@@ -184,16 +185,21 @@ def test_stacks_that_do_not_fit_leave_chips_idle_or_train_on_buckets_are_refused
     why = {r["point"]: r["refused"] for r in rows}
     assert why["h=1"] == "the train step needs 18.0 GiB a device; a v5e has 16"
     assert why["h=2"].startswith("the train step needs 20.0 GiB a device")
-    assert why["h=4"] == (
-        "1 seed(s) on 8 devices split each seed's 2 rows over 8 devices, leaving 6 of them idle (padding rows only): "
-        "stack more seeds a device"
+    # a stack that leaves devices idle is said in one line, and planned (it runs: training.run.stacked_run)
+    assert why["h=4"] == "the train step needs 18.0 GiB a device; a v5e has 16"
+    idle = {r["point"]: r.get("idle") for r in rows}
+    assert idle["h=4"] == (
+        "1 stacked seed(s) on 8 devices split each seed's 2 rows over 8 devices: 6 of the 8 hold only padding rows "
+        "(they run, computing nothing of use; stack more seeds a device)"
     )
     assert why["h=8"].startswith("trains on length buckets (config.data.pack_length = 0)")
     text = plan.stacked_table(rows, target, 1, 1)
     assert all(line.count("refused: ") == 1 for line in text.splitlines() if line.startswith("| h="))
+    assert f"h=4: {idle['h=4']}" in text.splitlines()
     assert text.endswith("Booking: no bound; 4 of 4 stack(s) refused")
     assert (
-        plan.idle_devices(rows=8, seed_shards=1, data=8) == 0 and plan.idle_devices(rows=5, seed_shards=2, data=4) == 2
+        stacked.idle_devices(rows=8, seed_shards=1, data=8) == 0
+        and stacked.idle_devices(rows=5, seed_shards=2, data=4) == 2
     )
 
 

@@ -38,6 +38,25 @@ def layout(seeds: int, devices: int) -> tuple[int, int]:
     return shards, devices // shards
 
 
+def idle_devices(rows: int, seed_shards: int, data: int) -> int:
+    """Devices of a (seed, data) mesh that hold only padding rows: each seed's `rows` split over `data` devices as
+    `sharding.padded_rows` pads them (ceil(rows / data) a device)."""
+    a_device = -(-rows // data)
+    return (data - -(-rows // a_device)) * seed_shards
+
+
+def idle_note(seeds: int, devices: int, rows: int) -> str | None:
+    """The one line that says a stack leaves devices holding only padding rows (it still runs), or None."""
+    seed_shards, data = layout(seeds, devices)
+    idle = idle_devices(rows, seed_shards, data)
+    if not idle:
+        return None
+    return (
+        f"{seeds} stacked seed(s) on {devices} devices split each seed's {rows} rows over {data} devices: {idle} of "
+        f"the {devices} hold only padding rows (they run, computing nothing of use; stack more seeds a device)"
+    )
+
+
 def make_mesh(seeds: int, devices=None) -> Mesh:
     """A (seed, data) mesh over `devices` (default: all) for `seeds` stacked seeds (`layout`)."""
     devices = list(jax.devices() if devices is None else devices)

@@ -151,18 +151,8 @@ def _prepare(config, configs, workdir: Path, cache, vocab_proto: bytes | None, d
     state = trainer.init_state(keys[:, 0], schedules[0].batch(0))
     needs = trainer.compile(state, trainer.put_batch([as_arrays(s.batch(0)) for s in schedules]), keys[:, 1])
     _check_memory(needs, trainer)
-    rows, shards = schedules[0].shape(0)[0], trainer.mesh.shape["data"]
-    if rows < shards:  # runs, padded: the devices past a seed's rows compute empty rows
-        logging.warning(
-            "%d stacked seeds on %d devices split each seed's %d rows over %d devices: %d of every %d hold only "
-            "padding rows (stack a multiple of the devices, or a divisor of them, to use every device)",
-            seeds,
-            trainer.mesh.devices.size,
-            rows,
-            shards,
-            shards - rows,
-            shards,
-        )
+    if note := stacked.idle_note(seeds, trainer.mesh.devices.size, schedules[0].shape(0)[0]):
+        logging.warning("%s", note)
     logging.info(
         "%d seeds stacked on mesh %s: the train step needs %.2f GiB a device",
         seeds,
