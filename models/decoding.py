@@ -28,6 +28,7 @@ from jax import lax
 
 from attention import formulation as attention_formulation
 from attention.cache import KVCache
+from attention.multihead import CROSS_KV
 
 
 def init_cache(model, params, encoded, src_tokens, max_len: int):
@@ -350,11 +351,6 @@ def _top_beams(seqs, scores, k):
     return _take_beams(seqs, idx), top_scores
 
 
-# cross-attention's source keys/values (attention's `cache_cross_kv`): the K beams of a source
-# hold the same ones, so reordering them is the identity
-_SOURCE_KV = frozenset({"cross_key", "cross_value"})
-
-
 def _is_kv_cache(x) -> bool:
     return isinstance(x, KVCache)
 
@@ -372,7 +368,9 @@ def _gather_cache(cache, beams):
     def reorder(path, x):
         if _is_kv_cache(x):
             return x.reorder(beams)
-        if beams is None or x.ndim == 0 or getattr(path[-1], "key", None) in _SOURCE_KV:
+        # a cross-attention's kept source (`cache_cross_kv`, under `CROSS_KV`'s names): the K beams of a
+        # source hold the same one, so reordering it is the identity
+        if beams is None or x.ndim == 0 or getattr(path[-1], "key", None) in CROSS_KV:
             return x
         batch, K = beams.shape
         return _take_beams(x.reshape(batch, K, *x.shape[1:]), beams).reshape(x.shape)
