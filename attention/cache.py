@@ -42,6 +42,7 @@ from attention.masks import and_masks, as_bool_mask, causal_from
 # the Flax variables a KVCache is stored in, by field (Flax's names; the table is beam search's)
 _NAMES = {"key": "cached_key", "value": "cached_value", "index": "cache_index", "beam_rows": "beam_rows"}
 VARIABLES = tuple(_NAMES[name] for name in ("key", "value", "index"))  # what a layer without beam search stores
+BEAM_ROWS = _NAMES["beam_rows"]  # beam search's table, handed to a layer in its decode state
 LAYOUT = "BNTH"  # keys/values `[batch..., G, max_length, D]` (`attention.grouped.KV_LAYOUTS`)
 
 

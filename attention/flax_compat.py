@@ -49,18 +49,16 @@ def linen_call(layer, inputs_q, inputs_k, inputs_v, inputs_kv, deterministic, dr
         dropout_rate=layer.dropout_rate,
     )
     mh.check_fused_inputs(layer.fused_qkv, inputs_k is inputs_q and inputs_v is inputs_q)
-    if layer.cache_cross_kv and layer.decode:
-        raise ValueError(
-            f"{owner}cache_cross_kv = True with decode = True; expected one of them: cache_cross_kv keeps "
-            "a source's keys/values (cross-attention), decode appends to a self-attention cache"
-        )
     check_einsum_cls(layer)
     mh.check_lengths(lengths, layer.decode)
     options = family.check_options(layer.attention_type, layer.attention_options)  # checks the name too
     if layer.attention_type == "softmax":  # a member refuses dropout itself
         deterministic, dropout_rng = linen_dropout(layer, deterministic, dropout_rng)
-    kv_layout = projected_kv_layout(layer, cross_cached=layer.cache_cross_kv)
-    return mh.Call((inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng, kv_layout)
+    kv_layout = projected_kv_layout(layer)
+    decode = mh.steps_decode_state(layer.decode, layer.cache_cross_kv)
+    return mh.Call(
+        (inputs_q, inputs_k, inputs_v), geometry, blocks, options, deterministic, dropout_rng, kv_layout, decode
+    )
 
 
 def nnx_call(layer, inputs_q, inputs_k, inputs_v, *, decode, lengths, input_positions, deterministic, rngs) -> mh.Call:
@@ -72,16 +70,22 @@ def nnx_call(layer, inputs_q, inputs_k, inputs_v, *, decode, lengths, input_posi
     else:
         dropout_rng = None
     inputs = (inputs_q, inputs_k, inputs_v)
-    kv_layout = projected_kv_layout(layer, cross_cached=layer.cache_cross_kv and decode)
     return mh.Call(
-        inputs, layer.geometry, layer.blocks, dict(layer.attention_options), deterministic, dropout_rng, kv_layout
+        inputs,
+        layer.geometry,
+        layer.blocks,
+        dict(layer.attention_options),
+        deterministic,
+        dropout_rng,
+        projected_kv_layout(layer),
+        mh.steps_decode_state(decode, layer.cache_cross_kv),
     )
 
 
-def projected_kv_layout(layer, *, cross_cached: bool) -> str:
-    """The layout of a face's projected keys/values: a kept cross source's (`mh.cross_kv`), else Flax's.
-    A fused projection is self-attention: it keeps no source."""
-    return mh.CROSS_LAYOUT if cross_cached and not layer.fused_qkv else "BTNH"
+def projected_kv_layout(layer) -> str:
+    """The layout of a face's projected keys/values: a kept cross source's (`cache_cross_kv`, `mh.cross_kv`),
+    else Flax's. A fused projection is self-attention: it keeps no source."""
+    return mh.CROSS_LAYOUT if layer.cache_cross_kv and not layer.fused_qkv else "BTNH"
 
 
 def flax_layout(kv_layout: str, key: jax.Array, value: jax.Array) -> tuple[jax.Array, jax.Array]:

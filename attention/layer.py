@@ -28,15 +28,20 @@ class MultiHeadAttention(nn.Module):
 
     Attributes: Flax's `MultiHeadDotProductAttention`'s, plus the options both faces take
     (docs/attention.md: num_kv_heads, v_head_dim, impl, block_sizes, fused_qkv, out_kernel_init,
-    attention_type, attention_options, formulation) and `cache_cross_kv`: keep the projected
-    source keys/values in the `cache` collection (the first `apply` with a mutable `cache` that
-    holds none stores them) and reuse them, not reading `inputs_k`/`inputs_v`: cross-attention decoding.
+    attention_type, attention_options, formulation, cache_cross_kv).
 
     Decoding (`decode=True`): `init` with the full-length input sizes the cache `[batch..., G,
     max_length, D]`; each later call appends its L_new >= 1 keys/values at `cache_index`, one position
     for the batch (`[]`, Flax's) or with `per_sequence_index` one per sequence (`[batch...]`, advanced
     by a call's `lengths`), and attends causally (`attention.cache`). Under beam search a `beam_rows`
-    table in the cache is read in place (`attention.beams`).
+    table `[sources, beams, max_length]` in the decode state is read in place (`attention.beams`).
+    The decode state is the `cache` collection: an `apply` with it mutable writes it, `init` only
+    sizes the KV cache (its inputs are placeholders).
+
+    `cache_cross_kv`: the layer keeps its source's projected keys/values (`cross_key`, `cross_value`,
+    head-first) in its decode state, in place of a KV cache: the first call that can write that state
+    stores them, later calls read them instead of `inputs_k`/`inputs_v`, a call without the state
+    projects them, and `decode` changes none of this (a cross-attention decodes by reusing its source).
     """
 
     num_heads: int
@@ -106,9 +111,10 @@ class MultiHeadAttention(nn.Module):
                 self._family_attention(call, mask, is_causal, sow_weights, lengths, head_mask), inputs_q
             )
         query, key, value = self._project(*call.inputs, call.geometry)
-        in_place = self.attention_fn is None and not sow_weights and call.deterministic
-        read = self._use_cache(key, value, mask, in_place, lengths) if self.decode else None
-        kv_layout = call.kv_layout
+        kv_layout, read = call.kv_layout, None
+        if call.decode:  # None at init, which only sizes the cache
+            in_place = mh.reads_beams_in_place(self.attention_fn, sow_weights, call.deterministic)
+            read = self._use_cache(key, value, mask, in_place, lengths)
         if read is not None:  # the cache mask is causal, at the right offset
             key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, CACHE_LAYOUT
         if self.attention_fn is not None:
@@ -164,7 +170,8 @@ class MultiHeadAttention(nn.Module):
 
     def _family_attention(self, call, mask, is_causal, sow_weights, lengths, head_mask):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        causal, (inputs_q, inputs_k, inputs_v) = is_causal or self.decode, call.inputs
+        decode, (inputs_q, inputs_k, inputs_v) = call.decode, call.inputs
+        causal = is_causal or decode
         spec = mh.check_member_call(
             type(self).__name__,
             self,
@@ -172,17 +179,17 @@ class MultiHeadAttention(nn.Module):
             is_self=inputs_k is inputs_q and inputs_v is inputs_q,
             values_are_keys=inputs_v is inputs_k,
             causal=causal,
-            decode=self.decode,
+            decode=decode,
             sow_weights=sow_weights,
         )
         family.check_state_decode(
             self.attention_type,
             spec,
-            decode=self.decode,
+            decode=decode,
             lengths=lengths,
-            in_decode_mode=self.decode and spec.decode == "state",
+            in_decode_mode=decode and spec.decode == "state",
         )
-        module = mh.make_member(self, call.options, call.geometry, decode=self.decode, kernel_init=self.kernel_init)
+        module = mh.make_member(self, call.options, call.geometry, decode=decode, kernel_init=self.kernel_init)
         project = functools.partial(self._project, geometry=call.geometry)
         use_cache = functools.partial(self._use_cache, lengths=lengths)
         return mh.family_heads(
@@ -194,7 +201,7 @@ class MultiHeadAttention(nn.Module):
             mask,
             num_heads=self.num_heads,
             causal=causal,
-            decode=self.decode,
+            decode=decode,
             head_mask=head_mask,
             kv_layout=call.kv_layout,
         )
@@ -232,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         """(key, value) from the cache if stored (`cache_cross_kv`), else projected (stored if the cache is filling)."""
         stored = (
             tuple(self.get_variable("cache", n) for n in mh.CROSS_KV)
-            if self.has_variable("cache", "cross_key")
+            if self.has_variable("cache", mh.CROSS_KV[0])
             else None
         )
         fill = self.is_mutable_collection("cache") and not self.is_initializing()

@@ -37,6 +37,14 @@ class Call(NamedTuple):
     deterministic: Any  # bool, or None where no dropout is drawn
     dropout_rng: jax.Array | None
     kv_layout: str  # the projected keys/values' layout: a source kept by `cross_kv`'s, else Flax's "BTNH"
+    decode: bool  # the call steps the decode cache or a member's own state (`steps_decode_state`)
+
+
+def steps_decode_state(decode: bool, cache_cross_kv: bool) -> bool:
+    """Whether a call steps the layer's KV cache (or a member's own decode state): `decode`, on a layer
+    without `cache_cross_kv`. A layer with it keeps its source's keys/values instead (`cross_kv`), which
+    `decode` does not change: that is how a cross-attention decodes."""
+    return decode and not cache_cross_kv
 
 
 def check_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: bool, dropout_rate: float) -> dict:
@@ -91,6 +99,12 @@ def exact_heads(
     """
     x = _exact(query, key, value, sow, impl, beam_rows, options)
     return gate_heads(x, head_mask, query.shape[-2])
+
+
+def reads_beams_in_place(attention_fn, sow_weights: bool, deterministic) -> bool:
+    """Whether a softmax decode step reads a beam-search cache in place (`exact_heads(beam_rows=)`): without a
+    user `attention_fn`, sown weights or dropout; otherwise the cache is gathered into each beam's history."""
+    return attention_fn is None and not sow_weights and bool(deterministic)
 
 
 def _exact(query, key, value, sow, impl, beam_rows, options):

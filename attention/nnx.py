@@ -21,7 +21,7 @@ from flax.nnx.nn.linear import default_kernel_init
 from attention import family, flax_compat
 from attention import multihead as mh
 from attention.cache import LAYOUT as CACHE_LAYOUT
-from attention.cache import VARIABLES
+from attention.cache import BEAM_ROWS, VARIABLES
 from attention.checks import require, require_positive_ints
 from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
 from attention.geometry import HeadGeometry
@@ -34,12 +34,22 @@ class MultiHeadAttention(DecodeState, nnx.Module):
     """Multi-head attention with `num_kv_heads` key/value heads (MHA, GQA or MQA).
 
     Arguments: `flax.nnx.MultiHeadAttention`'s, plus, keyword-only, the options both faces take
-    (docs/attention.md); a family member is its Linen module wrapped by `nnx.bridge.ToNNX`.
+    (docs/attention.md: num_kv_heads, v_head_dim, impl, block_sizes, fused_qkv, out_kernel_init,
+    attention_type, attention_options, formulation, cache_cross_kv); a family member is its Linen
+    module wrapped by `nnx.bridge.ToNNX`.
+
     Decoding: `init_cache` / `nnx.view(..., decode=True)` allocate `cached_key [batch..., G,
     max_length, d_k]`, `cached_value` and `cache_index [batch...]`, one position per sequence
-    (`attention.cache`); a call's `lengths [batch...]` says how many new tokens are real.
-    `cache_cross_kv`: a cross-attention layer's decode calls keep the projected source keys/values
-    (`cross_key`/`cross_value`, from the first such call after `init_cache`) and reuse them.
+    (`attention.cache`); a call's `lengths [batch...]` says how many new tokens are real. Under beam
+    search a `beam_rows` table `[sources, beams, max_length]` in the decode state (the attribute
+    `beam_rows`, an `nnx.Cache` the caller sets; `init_cache` clears it) is read in place
+    (`attention.beams`). The decode state is the layer's: `init_cache` / `nnx.view(..., decode=True,
+    batch_size=..., max_length=...)` set it up (for `cache_cross_kv`: empty, clearing a kept source).
+
+    `cache_cross_kv`: the layer keeps its source's projected keys/values (`cross_key`, `cross_value`,
+    head-first) in its decode state, in place of a KV cache: the first call that can write that state
+    stores them, later calls read them instead of `inputs_k`/`inputs_v`, a call without the state
+    projects them, and `decode` changes none of this (a cross-attention decodes by reusing its source).
     """
 
     def __init__(
@@ -131,7 +141,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
                 is_self=True,
                 values_are_keys=True,
                 causal=False,
-                decode=bool(decode),
+                decode=mh.steps_decode_state(bool(decode), cache_cross_kv),
                 sow_weights=False,
             )
         self._make_layers(
@@ -151,7 +161,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             key_ln=key_ln_scale_metadata,
         )
         self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
-        for name in (*VARIABLES, *mh.CROSS_KV):
+        for name in (*VARIABLES, BEAM_ROWS, *mh.CROSS_KV):
             setattr(self, name, nnx.data(None))
 
     def _make_layers(
@@ -264,15 +274,15 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             deterministic=deterministic,
             rngs=rngs,
         )
-        cross, decode = decode and self.cache_cross_kv, decode and not self.cache_cross_kv  # cross: the stored source
-        project = functools.partial(self._project, sharding=qkv_sharding, cross=cross)
+        project = functools.partial(self._project, sharding=qkv_sharding)
         if self.attention_type != "softmax":
-            x = self._family_attention(call, mask, is_causal, decode, lengths, sow_weights, project, head_mask)
+            x = self._family_attention(call, mask, is_causal, lengths, sow_weights, project, head_mask)
             return self.out(x, out_sharding=out_sharding)
         query, key, value = project(*call.inputs)
-        kv_layout = call.kv_layout
-        if decode:  # the cache mask is causal, at each sequence's offset
-            read = self._use_cache(key, value, mask, lengths)
+        kv_layout, read = call.kv_layout, None
+        if call.decode:  # the cache mask is causal, at each sequence's offset
+            in_place = mh.reads_beams_in_place(self.attention_fn, sow_weights, call.deterministic)
+            read = self._use_cache(key, value, mask, lengths, in_place)
             key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, CACHE_LAYOUT
         options = dict(
             mask=mask,
@@ -299,6 +309,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             impl=self.impl,
             **call.blocks,
             **options,
+            beam_rows=None if read is None else read.beam_rows,
             head_mask=head_mask,
             is_causal=is_causal,
             formulation=self.formulation,
@@ -306,9 +317,10 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         )
         return self.out(x, out_sharding=out_sharding)
 
-    def _family_attention(self, call, mask, is_causal, decode, lengths, sow_weights, project, head_mask):
+    def _family_attention(self, call, mask, is_causal, lengths, sow_weights, project, head_mask):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        (inputs_q, inputs_k, inputs_v), name, causal = call.inputs, self.attention_type, is_causal or decode
+        (inputs_q, inputs_k, inputs_v), name, decode = call.inputs, self.attention_type, call.decode
+        causal = is_causal or decode
         spec = mh.check_member_call(
             type(self).__name__,
             self,
@@ -322,7 +334,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         member = getattr(self, name)
         own_state = spec.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
-        use_cache = lambda k, v, m, _: self._use_cache(k, v, m, lengths)
+        use_cache = lambda k, v, m, in_place: self._use_cache(k, v, m, lengths, in_place)
         return mh.family_heads(
             spec,
             member,
@@ -338,11 +350,11 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             mutable=["cache"] if own_state else False,
         )  # ToNNX keeps the new state
 
-    def _project(self, inputs_q, inputs_k, inputs_v, sharding=None, shared_qk=False, cross=False):
+    def _project(self, inputs_q, inputs_k, inputs_v, sharding=None, shared_qk=False):
         """q `[batch..., Lq, H, d_k]`, k `[batch..., Lk, G, d_k]` (q if `shared_qk`), v `[batch..., Lk, G, d_v]`.
 
-        Queries and keys are normed with `normalize_qk`.
-        `cross`: k and v are the stored source's (`cache_cross_kv`), projected and stored if none is.
+        Queries and keys are normed with `normalize_qk`. With `cache_cross_kv`, k and v are the kept
+        source's `[batch..., G, Lk, d]` (`_cross_kv`).
         """
         if self.fused_qkv:
             mh.check_fused_inputs(True, inputs_k is inputs_q and inputs_v is inputs_q)
@@ -354,7 +366,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
                 query if shared_qk else self.key(inputs_k, out_sharding=sharding),
                 self.value(inputs_v, out_sharding=sharding),
             )
-            key, value = self._cross_kv(project_kv) if cross else project_kv()
+            key, value = self._cross_kv(project_kv) if self.cache_cross_kv else project_kv()
         if self.normalize_qk:
             query, key = self.query_ln(query), self.key_ln(key)
         return query, key, value

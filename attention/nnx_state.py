@@ -3,8 +3,10 @@
 A mixin of `attention.nnx.MultiHeadAttention`, which provides the settings it reads (`geometry`,
 `attention_type`, `cache_cross_kv`, ...; the constructor arguments it keeps are declared, typed, in
 `Settings`). The state is one of three: the KV cache (`cached_key`, `cached_value`, `cache_index
-[batch...]`, an `attention.cache.KVCache`), a family member's own state, or a cross-attention's stored source
-keys/values (`cross_key`, `cross_value`).
+[batch...]`, an `attention.cache.KVCache`, with beam search's `beam_rows` table when the caller sets one),
+a family member's own state, or a cross-attention's kept source keys/values (`cross_key`, `cross_value`:
+`[batch..., G, 0, d]` once set up and empty, the source's once stored; None: no decode state, the source is
+projected at every call).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from flax import nnx
 
 from attention import family
 from attention import multihead as mh
-from attention.cache import VARIABLES, KVCache
+from attention.cache import BEAM_ROWS, VARIABLES, KVCache
 
 
 class Settings:
@@ -63,14 +65,18 @@ class DecodeState(Settings):
         spec = family.member(self.attention_type)
         if spec is not None and spec.decode == "state":
             return getattr(self, self.attention_type).to_nnx__module.decode
-        return self.cache_cross_kv or self.cached_key is not None  # a cross layer stores its source at its first call
+        return (self.cross_key if self.cache_cross_kv else self.cached_key) is not None
 
     def _allocate(self, batch, max_length, dtype):
-        """The decode state for `batch` sequences of `max_length`: the KV cache, a member's own, or none (cross)."""
+        """The decode state for `batch` sequences of `max_length`: the KV cache, a member's own, or (cross) an empty
+        kept source; no beam table."""
         mh.check_cache_size(batch, max_length)
         spec = family.member(self.attention_type)
-        if self.cache_cross_kv:  # a new source: its keys/values are stored by the next decode call
-            self.cross_key, self.cross_value = nnx.data(None), nnx.data(None)
+        setattr(self, BEAM_ROWS, nnx.data(None))  # a new search hands in its own table
+        if self.cache_cross_kv:  # a new source, none kept yet: the next call stores its keys/values
+            G, d_k, d_v = self.num_kv_heads, self.head_dim, self.v_head_dim
+            self.cross_key = nnx.Cache(jnp.zeros((*batch, G, 0, d_k), dtype))
+            self.cross_value = nnx.Cache(jnp.zeros((*batch, G, 0, d_v), dtype))
         elif spec is not None and spec.decode == "state":  # the member's own state, shaped by its Linen init
             member = getattr(self, self.attention_type)
             shapes = mh.member_input_shapes(
@@ -111,24 +117,42 @@ class DecodeState(Settings):
             )
         self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
 
-    def _use_cache(self, key, value, mask, lengths):
-        """One `KVCache.step` over the cache attributes -> what attention reads (`cache.Read`)."""
+    def _use_cache(self, key, value, mask, lengths, beams_in_place=False):
+        """One `KVCache.step` over the cache attributes -> what attention reads (`cache.Read`).
+
+        A `beam_rows` table, if the caller set one, is read as the Linen layer reads its cache's: in place
+        where `beams_in_place`, else gathered into each beam's history; it stays the caller's (not stored back).
+        """
         variables = {name: getattr(self, name) for name in VARIABLES}
         if any(variable is None for variable in variables.values()):
             raise ValueError(
                 "decode=True needs the cache: call init_cache(input_shape) or "
                 "nnx.view(layer, decode=True, batch_size=..., max_length=...) first"
             )
-        stored = KVCache.load({name: variable[...] for name, variable in variables.items()})
+        values = {name: variable[...] for name, variable in variables.items()}
+        table = getattr(self, BEAM_ROWS)
+        if table is not None:
+            values[BEAM_ROWS] = table[...] if isinstance(table, nnx.Variable) else table
+        stored = KVCache.load(values)
         assert stored is not None  # every variable is there
         new, read = stored.step(
-            key, value, mask, num_heads=self.num_heads, lengths=lengths, formulation=self.formulation
+            key,
+            value,
+            mask,
+            num_heads=self.num_heads,
+            lengths=lengths,
+            formulation=self.formulation,
+            beams_in_place=beams_in_place,
         )
-        for name, x in new.store().items():
-            variables[name][...] = x
+        stored_back = new.store()
+        for name in VARIABLES:
+            variables[name][...] = stored_back[name]
         return read
 
     def _cross_kv(self, project_kv):
-        """(key, value) of the stored source (`cache_cross_kv`), else `project_kv()`'s, then stored."""
-        stored = None if self.cross_key is None else (self.cross_key[...], self.cross_value[...])
-        return mh.cross_kv(stored, project_kv, lambda name, x: setattr(self, name, nnx.Cache(x)))
+        """(key, value) of the kept source (`cache_cross_kv`); with none kept, `project_kv()`'s, stored if the
+        decode state is set up (`init_cache` / `set_view`)."""
+        if self.cross_key is not None and self.cross_key.shape[-2]:  # a source is kept
+            return self.cross_key[...], self.cross_value[...]
+        store = None if self.cross_key is None else lambda name, x: getattr(self, name).set_value(x)
+        return mh.cross_kv(None, project_kv, store)

@@ -318,7 +318,6 @@ def test_bfloat16_layer_runs_with_float32_params():
         (dict(num_heads=4), dict(head_mask=np.ones(4, np.int32)), "head_mask must be a float"),
         (dict(num_heads=4), dict(head_mask=np.ones(3, np.float32)), "head_mask has shape"),
         (dict(num_heads=4, qk_attn_weights_einsum_cls=lambda: jnp.einsum), {}, "set attention_fn"),
-        (dict(num_heads=4, decode=True, cache_cross_kv=True), {}, "cache_cross_kv = True with decode = True"),
     ],
 )
 def test_bad_configurations_raise(kwargs, call, message):
@@ -386,9 +385,11 @@ def test_bad_value_head_dims_raise(kwargs, message):
         layer.init(KEY, inputs())
 
 
-def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them():
+@pytest.mark.parametrize("decode", [False, True])
+def test_cache_cross_kv_stores_the_source_projections_once_and_reuses_them(decode):
+    """`decode` changes nothing on a `cache_cross_kv` layer: its decode state is the kept source."""
     x, source, other = inputs((2, 3, 16)), inputs((2, 5, 16), seed=1), inputs((2, 5, 16), seed=2)
-    cross = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, cache_cross_kv=True)
+    cross = attention.MultiHeadAttention(num_heads=4, num_kv_heads=2, cache_cross_kv=True, decode=decode)
     variables = cross.init(KEY, x, source)
     assert "cache" not in variables  # init's inputs are placeholders: nothing is kept
     params = variables["params"]

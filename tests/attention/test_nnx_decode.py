@@ -130,21 +130,26 @@ def test_bad_decode_arguments_raise_naming_them():
         layer.init_cache((D,))
 
 
-def test_cache_cross_kv_stores_the_source_once_in_decode_and_reuses_it():
-    """A cross-attention layer with `cache_cross_kv`: its first decode call stores the projected source
-    (head-first, x W + b in NumPy), later decode calls read it and not their inputs_k; `init_cache` clears it."""
+@pytest.mark.parametrize("decode", [False, True])
+def test_cache_cross_kv_stores_the_source_once_in_decode_and_reuses_it(decode):
+    """A cross-attention layer with `cache_cross_kv`: its first call after `init_cache` stores the projected
+    source (head-first, x W + b in NumPy), later calls read it and not their inputs_k; `init_cache` clears it.
+    `decode` changes none of this (as on the Linen layer)."""
     source, other = (jax.random.normal(jax.random.key(s), (B, 5, D)) for s in (2, 3))
     layer = attention.nnx.MultiHeadAttention(4, D, num_kv_heads=2, cache_cross_kv=True, rngs=nnx.Rngs(0))
-    full = layer(X, source)  # no decode: nothing stored, the inputs are read
+    full = layer(X, source, decode=decode)  # no decode state: nothing stored, the inputs are read
     assert layer.cross_key is None
-    first = layer(X[:, :2], source, decode=True)
+    np.testing.assert_allclose(layer(X, other, decode=decode), layer(X, other), atol=1e-6)
+    layer.init_cache((B, T, D))
+    assert layer.cross_key.shape == (B, 2, 0, D // 4)  # set up, none kept yet
+    first = layer(X[:, :2], source, decode=decode)
     for name in ("key", "value"):
         p = getattr(layer, name)
         want = np.einsum("bld,dgk->blgk", np.asarray(source), np.asarray(p.kernel[...])) + np.asarray(p.bias[...])
         np.testing.assert_allclose(getattr(layer, f"cross_{name}")[...], want.transpose(0, 2, 1, 3), atol=1e-5)
     np.testing.assert_allclose(first, full[:, :2], atol=1e-5)
-    later = layer(X[:, 2:3], other, decode=True)  # `other` is not read: the stored source answers
+    later = layer(X[:, 2:3], other, decode=decode)  # `other` is not read: the stored source answers
     np.testing.assert_allclose(later, full[:, 2:3], atol=1e-5)
     layer.init_cache((B, T, D))  # a new source
-    assert layer.cross_key is None
-    np.testing.assert_allclose(layer(X[:, :1], other, decode=True), layer(X[:, :1], other), atol=1e-5)
+    assert layer.cross_key.shape[-2] == 0
+    np.testing.assert_allclose(layer(X[:, :1], other, decode=decode), layer(X[:, :1], other), atol=1e-5)
