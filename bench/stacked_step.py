@@ -23,7 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import jax.numpy as jnp
 
-from bench.lib import cpu_description, releases
+from bench.lib import cpu_description
 from sweeps import schema
 from training import config as config_lib, prepared
 from training.core import step as step_lib
@@ -90,7 +90,7 @@ def main() -> None:
                 times[name].append(seconds)
     a, s = statistics.median(times["alone"]), statistics.median(times["stacked"])
     print(f"{args.config}: {len(seeds)} seeds, {args.rounds} rounds x {args.steps} steps a side, alternating")
-    print(f"CPU: {cpu_description()}; affinity {sorted(os.sched_getaffinity(0))}; {releases()}")
+    print(f"CPU: {cpu_description()}")
     print(f"alone (one seed after another): {a:.3f} s for a step of every seed (rounds: {times['alone']})")
     print(f"stacked (one program): {s:.3f} s for a step of every seed (rounds: {times['stacked']})")
     print(f"stacked / alone: {s / a:.3f}")
