@@ -153,3 +153,16 @@ def test_cache_cross_kv_stores_the_source_once_in_decode_and_reuses_it(decode):
     layer.init_cache((B, T, D))  # a new source
     assert layer.cross_key.shape[-2] == 0
     np.testing.assert_allclose(layer(X[:, :1], other, decode=decode), layer(X[:, :1], other), atol=1e-5)
+
+
+def test_a_decode_view_keeps_the_source_and_leaves_the_layer_projecting():
+    """`nnx.view(..., decode=True, ...)`, one switch for a model, sets up a `cache_cross_kv` layer's decode state on
+    the view: the view keeps its first source, the layer it was made from still projects each call's."""
+    source, other = (jax.random.normal(jax.random.key(s), (B, 5, D)) for s in (2, 3))
+    layer = attention.nnx.MultiHeadAttention(4, D, num_kv_heads=2, cache_cross_kv=True, rngs=nnx.Rngs(0))
+    view = nnx.view(layer, decode=True, batch_size=B, max_length=T)
+    first = view(X[:, :1], source)
+    np.testing.assert_allclose(view(X[:, 1:2], other), layer(X[:, 1:2], source), atol=1e-6)
+    np.testing.assert_allclose(first, layer(X[:, :1], source), atol=1e-6)
+    assert layer.cross_key is None and view.cross_key.shape == (B, 2, 5, D // 4)
+    assert not np.allclose(layer(X[:, 1:2], other), view(X[:, 1:2], other))
