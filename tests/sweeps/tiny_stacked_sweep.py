@@ -1,7 +1,12 @@
 """A one-point packed sweep small enough to train stacked in the test suite (test_stacked_sweep.py): the tiny
-sweep's model and schedule (tiny_sweep.py), on packed rows, so that each step has one batch shape."""
+sweep's model and schedule (tiny_sweep.py, read by path: a config file is loaded by path, not as a package module),
+on packed rows, so that each step has one batch shape, and with two evaluations and checkpoints in six steps."""
 
-from configs import ablation_heads
+from pathlib import Path
+
+from sweeps import schema
+
+tiny_sweep = schema.import_file(Path(__file__).with_name("tiny_sweep.py"))
 
 SWEEP_NAME = "tiny_stacked"
 SWEEP_KEY = "h"
@@ -11,19 +16,11 @@ SWEEP_REFERENCE = 2
 
 
 def get_config(arg=None):
-    config = ablation_heads.get_config(arg)
+    config = tiny_sweep.get_config(arg)
     config.num_train_steps = 6
     config.log_every_steps = 1
     config.eval_every_steps = 3
     config.checkpoint_every_steps = 3
-    config.data.train_limit = 300
-    config.data.vocab_size = 300
-    config.model.dtype = "float32"
-    config.data.token_budget = 512
-    config.data.bucket_lengths = (64, 128)
     config.data.pack_length = 64
     config.eval.lengths = (64, 128)
-    config.model.update(d_model=16, num_layers=1, mlp_dim=32, max_len=128)
-    config.eval.bleu_examples = 8
-    config.eval.max_extra_length = 5
     return config

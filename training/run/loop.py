@@ -272,12 +272,7 @@ def _train(
                 result = evaluate(state, done, stop)
                 if result is None:  # SIGTERM/SIGINT during it: save now, redo the evaluation on resume
                     ckpts.save(done, run.trainer.to_checkpoint(state))
-                    logging.info(
-                        "stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
-                        "(the evaluation is redone on resume), exiting",
-                        stop.signum,
-                        done,
-                    )
+                    log_stop_during_evaluation(stop, done)
                     break
                 dev_metrics = result
             if checkpoint_now:
@@ -340,6 +335,15 @@ def _timed_step(
         raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
     window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
     return state, loss
+
+
+def log_stop_during_evaluation(stop: StopFlag, done: int) -> None:
+    logging.info(
+        "stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
+        "(the evaluation is redone on resume), exiting",
+        stop.signum,
+        done,
+    )
 
 
 def stopping(config, done: int, out_of_time: bool, stop_requested: bool, stop: StopFlag) -> bool:

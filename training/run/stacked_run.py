@@ -288,12 +288,7 @@ class _Job:
                     self._check_finite(state, done)
                 if evaluate_now and not self._evaluate(state, done, stop):
                     self.ckpts.save(done, self._checkpoint(state))
-                    logging.info(
-                        "stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
-                        "(the evaluation is redone on resume), exiting",
-                        stop.signum,
-                        done,
-                    )
+                    loop.log_stop_during_evaluation(stop, done)
                     break
                 if checkpoint_now:
                     self.ckpts.save(done, self._checkpoint(state))
