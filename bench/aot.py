@@ -8,7 +8,7 @@
 
 --target tpu:CHIP[:TOPOLOGY] (CHIP: v4, v5e, v5p, v6e; TOPOLOGY chips a side, one chip by default) or
 cuda:GPU[:COUNT] (GPU: h100, h200; GPU targets also need CUDA's ptxas and nvlink on the PATH, and
-their figures are the program before autotuning: training/run/aot.py says what that route cannot show);
+their figures are the program before autotuning: training/run/aot/compiled.py says what that route cannot show);
 --mesh DATA,MODEL (default: every device on data); --programs some of train,eval,decode,beam (default:
 all four). The train step (the run's own `MeshTrainer.step_fn`, over the mesh), the eval step, one
 decode step (its KV cache at the full decode length) and the whole beam search (eval.py's beam size,

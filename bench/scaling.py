@@ -32,7 +32,7 @@ from configs import default
 from models import Transformer
 from training import config as config_lib
 from training.parallel import trainers
-from training.run.aot import collectives
+from training.run.hlo import collectives
 from training.core import step as step_lib
 from training.core.markdown import markdown_row, markdown_table
 

@@ -1,7 +1,7 @@
 """Which platforms JAX opens in a CLI process: the CPU alone on a machine that shows no accelerator.
 
 Left to itself, JAX opens every platform it finds installed when a process first touches a device. The `aot`
-extra installs libtpu and the CUDA plugin (to compile for TPUs and GPUs on a CPU machine: training/run/aot.py),
+extra installs libtpu and the CUDA plugin (to compile for TPUs and GPUs on a CPU machine: training/run/aot/),
 so on a machine with neither device a start printed the CUDA plugin's failed version check (a traceback ending
 "Unable to load cuDNN"), then loaded libtpu, which printed its own warnings ("could not determine TPU worker
 hostnames") and held libtpu's lock file for the rest of the process. `jax_platforms = 'cpu'` makes JAX open the
