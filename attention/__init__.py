@@ -7,7 +7,7 @@ release in which using it warns (`DeprecationWarning`, naming its replacement).
 __version__ = "0.2.0"  # the distribution's version (setup.cfg reads it); 0.2.0: the library installs alone
 
 from attention.core import IMPLS, attend, choose_impl, dot_product_attention
-from attention.formulation import Formulation
+from attention.head import Formulation
 from attention.geometry import HeadGeometry
 from attention.layer import MultiHeadAttention
 from attention.linen_names import MultiHeadDotProductAttention, SelfAttention

@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attention.formulation import Formulation, logits_dtype, resolve
+from attention.head import Formulation, logits_dtype, resolve
 
 
 def check_rows(beam_rows: jax.Array, batch: tuple, max_length: int) -> None:
@@ -73,7 +73,7 @@ def history_attention(
     positions filled so far, and the caller's mask); bias, if given, broadcastable to the same
     shape, float, added to the logits (a position's offset, as span's log soft mask: it depends
     on the position in the hypothesis, which is the same in every row). The query block is broadcast
-    over the rows by `formulation.broadcast_queries` (`attention.formulation`). Returns `[B*K, Lq, H, Dv]` in `dtype`.
+    over the rows by `formulation.broadcast_queries` (`attention.head`). Returns `[B*K, Lq, H, Dv]` in `dtype`.
     """
     B, K, L = beam_rows.shape
     _, Lq, H, Dk = query.shape

@@ -1,7 +1,7 @@
 """The decode cache: `KVCache`, the one typed state both faces decode through.
 
 A `KVCache` holds the keys `[batch..., G, max_length, d_k]` and values `[batch..., G, max_length,
-d_v]`, heads first (`LAYOUT`, "BNTH"): the layout attention computes in (`attention.grouped`), in
+d_v]`, heads first (`LAYOUT`, "BNTH"): the layout attention computes in (`attention.core`), in
 which a decode step reads each KV head's cache contiguously. The layout is chosen here and the
 transpose done here, once, as new keys/values `[batch..., L_new, G, D]` (Flax's, "BTNH") are written;
 `Read` hands the cache to attention as it is stored, and the faces call `attention.attend` with
@@ -24,9 +24,9 @@ is the decode call. Beam search reaches the caches of a model's `cache` collecti
 
 from __future__ import annotations
 
-import math
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -35,15 +35,16 @@ from flax import struct
 from jax import lax
 
 from attention import beams
-from attention.formulation import Formulation, resolve
-from attention.grouped import relayout
+from attention.core import relayout
+from attention.geometry import is_positive_int, require
+from attention.head import Formulation, resolve
 from attention.masks import and_masks, as_bool_mask, causal_from
 
 # the Flax variables a KVCache is stored in, by field (Flax's names; the table is beam search's)
 _NAMES = {"key": "cached_key", "value": "cached_value", "index": "cache_index", "beam_rows": "beam_rows"}
 VARIABLES = tuple(_NAMES[name] for name in ("key", "value", "index"))  # what a layer without beam search stores
 BEAM_ROWS = _NAMES["beam_rows"]  # beam search's table, handed to a layer in its decode state
-LAYOUT = "BNTH"  # keys/values `[batch..., G, max_length, D]` (`attention.grouped.KV_LAYOUTS`)
+LAYOUT = "BNTH"  # keys/values `[batch..., G, max_length, D]` (`attention.core.KV_LAYOUTS`)
 
 
 @struct.dataclass
@@ -186,7 +187,7 @@ class KVCache:
 
         mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
         lengths: the real new tokens per sequence, int `[batch...]` (default L_new; needs a
-        per-sequence `index`). The write is `formulation.write_cache` (`attention.formulation`).
+        per-sequence `index`). The write is `formulation.write_cache` (`attention.head`).
         Under beam search (a `beam_rows` table) the cache rows hold the beams' histories spread
         out: read in place (`Read.beam_rows`) if `beams_in_place`, else gathered into each beam's
         own keys/values. -> (the cache to store, what attention reads).
@@ -278,3 +279,34 @@ def causal_mask(index: jax.Array, new_length: int, max_length: int) -> jax.Array
     New query i sees keys <= index + i.
     """
     return causal_from(index, new_length, max_length)[..., None, :, :]  # the head axis
+
+
+# --- a cross-attention's kept source ---------------------------------------------------------------
+
+CROSS_KV = ("cross_key", "cross_value")  # the names of a cross-attention's stored source keys/values
+
+
+def cross_kv(stored: tuple | None, project_kv: Callable, store: Callable | None) -> tuple:
+    """A cross-attention's (key, value) `[batch..., G, Ls, D]` (`LAYOUT`): `stored`, else `project_kv()`'s.
+
+    The projections (`[batch..., Ls, G, D]`) are put in the cache's layout here, once, and
+    `store(name, x)`-ed so: later steps read the source as attention computes in, untransposed.
+    """
+    if stored is not None:
+        return stored
+    key, value = (relayout(x, "BTNH", LAYOUT) for x in project_kv())
+    if store is not None:
+        for name, x in zip(CROSS_KV, (key, value)):
+            store(name, x)
+    return key, value
+
+
+def check_cache_size(batch: tuple, max_length: int) -> None:
+    """A ValueError unless a cache's batch sizes and max_length are positive ints."""
+    require(
+        "the cache's ",
+        "batch and max_length",
+        (*batch, max_length),
+        all(map(is_positive_int, (*batch, max_length))),
+        "positive ints",
+    )

@@ -1,23 +1,20 @@
-"""Multi-head, grouped-query and multi-query attention: checks, layout, and the table of implementations.
+"""`attend`: multi-head, grouped-query and multi-query attention over one table of implementations.
 
-The math is `attention.head.attention_head`, softmax(q kᵀ / √d_k) v for one head. `attend`
-checks its arguments once, puts q/k/v and the masks into the internal grouped layout
-(`attention.grouped`; K/V from the caller's `kv_layout` into the one the implementation takes, the
-only K/V transpose on the way) and calls the implementation named by `impl` from
-`attention.impl.IMPLEMENTATIONS`:
+`attend` checks its arguments once, turns the mask to bool, puts q/k/v into the grouped layout the
+implementations compute in (below) and calls the implementation `impl` names (`IMPLEMENTATIONS`,
+`attention.impl`): "vmap" (`attention.head.vmapped`, the one-head formula vmapped), "einsum",
+"xla" / "cudnn" (`jax.nn.dot_product_attention`), "blockwise" (O(N) memory), or "auto"
+(`choose_impl`). All compute the same function; docs/attention.md lists where they differ.
 
-* `"vmap"`   -- `attention_head` `jax.vmap`-ed over query heads, KV groups and batch.
-* `"einsum"` -- the same algebra as one batched einsum pair.
-* `"xla"` / `"cudnn"` -- `jax.nn.dot_product_attention` with that implementation.
-* `"blockwise"` -- query/key blocks, online softmax, a backward that recomputes blocks;
-  causal/window blocks outside the structure are skipped. O(N) memory.
-* `"auto"` -- `choose_impl`: cuDNN on GPU where it applies, blockwise for long sequences,
-  vmap for short ones (thresholds from bench/attention_speed.py); the choice is logged once.
+The grouped layout: query heads are grouped by the key/value head they share (R = H / G a group),
+the batch axes flattened into B:
 
-All of them compute the same function: float32 logits and softmax, masked logits at
-`finfo(float32).min` (a fully masked row outputs the mean of V, as Flax and `jax.nn`).
-Attention dropout (vmap/einsum) draws its keep-mask exactly as Flax does, so the same
-`dropout_rng` gives Flax's result; blockwise draws per block (same distribution, other draws).
+    q `[B, Lq, G, R, d_k]`   k, v `[B, G, Lk, D]` ("BNTH") or `[B, Lk, G, D]` ("BTNH")
+    mask, bias `[B|1, G|1, R|1, Lq|1, Lk|1]`   out `[B, Lq, G, R, d_v]`   weights `[B, G, R, Lq, Lk]` or None
+
+and every implementation is `implementation(q, k, v, mask, bias, options: Options) -> (out, weights)`.
+"BTNH" is Flax's and the projections' K/V layout, "BNTH" (heads first) the decode cache's, in which
+GQA/MQA never repeat K/V; `relayout` is the one K/V transpose, done where the two differ.
 """
 
 from __future__ import annotations
@@ -25,18 +22,18 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from attention.formulation import Formulation, is_nvidia_gpu, resolve
-from attention.grouped import Options, group_heads, kv_axes, to_grouped
+from attention.geometry import is_positive_int
+from attention.head import PLAIN, Formulation, is_nvidia_gpu, resolve
 from attention.impl import IMPLEMENTATIONS
 from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from attention.masks import as_bool_mask, check_float_like, normalize_window
-from attention.checks import is_positive_int
 
 IMPLS = (*IMPLEMENTATIONS, "auto")
 # impl="auto" on CPU: blockwise once Lq * Lk reaches these many logits per head, vmap below;
@@ -81,7 +78,7 @@ def attend(
         as in Flax (`broadcast_dropout` shares one keep-mask over batch and heads).
       dtype, precision: computation dtype (default: promoted from the inputs); the matmuls' `lax.Precision`.
       impl, block_q, block_k: one of `IMPLS`; blockwise's query / key block lengths (clipped to Lq / Lk).
-      formulation: how vmap spells a head's products (`attention.formulation`; None: plain).
+      formulation: how vmap spells a head's products (`attention.head`; None: plain).
       kv_layout: "BTNH" (Flax's, the default) or "BNTH" (heads first, as `attention.cache` stores
         them: a decode step's cache is read without a transpose).
 
@@ -257,3 +254,88 @@ def _log_choice(impl, reason):
     """Log each distinct choice of impl="auto" once per process."""
     logging.getLogger(__name__).info("attention impl='auto' uses %r (%s)", impl, reason)
     return impl
+
+
+# --- the grouped layout ------------------------------------------------------------------------------
+
+
+class Options(NamedTuple):
+    """What an implementation needs besides the arrays; checked by `attention.attend`."""
+
+    is_causal: bool
+    window: tuple[int, int] | None  # (left, right)
+    dropout_rate: float  # 0.0 when dropout is off
+    dropout_rng: jax.Array | None  # None when dropout is off
+    broadcast_dropout: bool
+    precision: Any
+    block_q: int
+    block_k: int
+    formulation: Any = PLAIN  # attention.head.Formulation: how the products are spelled
+
+
+KV_LAYOUTS = ("BTNH", "BNTH")  # K/V `[batch..., Lk, G, D]` (Flax's) or `[batch..., G, Lk, D]` (the cache's)
+
+
+def kv_axes(kv_layout: str) -> tuple[int, int]:
+    """(length axis, heads axis) of a key/value array in `kv_layout`; a ValueError for another layout."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(
+            f"kv_layout = {kv_layout!r}; expected 'BTNH' (key/value [batch..., Lk, G, D], Flax's) "
+            "or 'BNTH' ([batch..., G, Lk, D], the decode cache's)"
+        )
+    return (-3, -2) if kv_layout == "BTNH" else (-2, -3)
+
+
+def relayout(x: jax.Array, source: str, target: str) -> jax.Array:
+    """A key or value array from layout `source` to `target` (`KV_LAYOUTS`): the one K/V transpose."""
+    return x if source == target else jnp.swapaxes(x, -3, -2)
+
+
+def to_grouped(query, key, value, kv_layout="BTNH", impl_layout="BNTH"):
+    """q `[batch..., Lq, H, d_k]`, k/v in `kv_layout` -> (q, k, v) grouped, k/v in `impl_layout`, B = prod(batch)."""
+    batch, (Lq, H, d_k), G = query.shape[:-3], query.shape[-3:], key.shape[kv_axes(kv_layout)[1]]
+    B = math.prod(batch)
+    q = query.reshape(B, Lq, G, H // G, d_k)
+    k, v = (relayout(x, kv_layout, impl_layout) for x in (key, value))
+    return q, k.reshape(B, *k.shape[-3:]), v.reshape(B, *v.shape[-3:])
+
+
+def group_heads(x, batch, G):
+    """Mask-like `[batch..., H|1, Lq|1, Lk|1]` (maybe fewer axes) -> `[B|1, G|1, R|1, Lq|1, Lk|1]`."""
+    x = flatten_batch(x, batch)
+    if x is None:
+        return None
+    Bx, Hx, Lqx, Lkx = x.shape
+    groups = (G, Hx // G) if Hx != 1 else (1, 1)
+    return x.reshape(Bx, *groups, Lqx, Lkx)
+
+
+def flatten_batch(x, batch):
+    """Mask-like `[batch..., H|1, Lq|1, Lk|1]` (maybe fewer axes) -> `[B|1, H|1, Lq|1, Lk|1]`."""
+    if x is None:
+        return None
+    x = x.reshape((1,) * (len(batch) + 3 - x.ndim) + x.shape)
+    if all(s == 1 for s in x.shape[:-3]):
+        return x.reshape(1, *x.shape[-3:])
+    return jnp.broadcast_to(x, (*batch, *x.shape[-3:])).reshape(math.prod(batch), *x.shape[-3:])
+
+
+# --- the layers' settings ------------------------------------------------------------------------------
+
+
+def check_layer_settings(owner: str, geometry, *, impl: str, block_sizes, fused_qkv: bool, dropout_rate: float) -> dict:
+    """Validate what both faces take beyond Flax's arguments; return `attend`'s block-size keywords."""
+    if impl not in IMPLS:
+        raise ValueError(f"{owner}impl must be one of {IMPLS}, got {impl!r}")
+    if block_sizes is not None and not (
+        isinstance(block_sizes, (tuple, list)) and len(block_sizes) == 2 and all(map(is_positive_int, block_sizes))
+    ):
+        raise ValueError(f"{owner}block_sizes = {block_sizes!r}; expected None or (block_q, block_k), positive ints")
+    if fused_qkv and geometry.v_head_dim != geometry.head_dim:
+        raise ValueError(
+            f"{owner}v_head_dim = {geometry.v_head_dim}; fused_qkv=True needs v_head_dim None "
+            f"or head_dim ({geometry.head_dim}): q, k and v share one kernel"
+        )
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"{owner}dropout_rate = {dropout_rate!r}; expected a float in [0, 1)")
+    return {} if block_sizes is None else dict(zip(("block_q", "block_k"), block_sizes))

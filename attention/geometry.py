@@ -1,16 +1,32 @@
-"""Head geometry: the one place that resolves and checks H, G, d_k and d_v.
+"""Head sizes and the settings checks of attention/.
 
-Every layer, model config, sharding rule and result table that needs the number of
-query heads H, key/value heads G (MHA: G = H, GQA: 1 < G < H, MQA: G = 1), the
-query/key head size d_k or the value head size d_v asks a `HeadGeometry` for them,
-so their defaults (G = H, d_k = features / H, d_v = d_k) and their checks live here.
+`HeadGeometry` resolves the query heads H, key/value heads G, the query/key head size d_k and the
+value head size d_v, with their defaults (G = H, d_k = features / H, d_v = d_k). `require` is the
+one way attention/ refuses a setting: a ValueError naming the field, its value and what is expected.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from attention.checks import is_positive_int, require, require_positive_ints
+
+def is_positive_int(value: Any) -> bool:
+    """A positive Python int (bools excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def require(owner: str, name: str, value: Any, ok: bool, expected: str) -> None:
+    """Raise `ValueError("{owner}{name} = {value!r}; expected {expected}")` unless `ok`."""
+    if not ok:
+        raise ValueError(f"{owner}{name} = {value!r}; expected {expected}")
+
+
+def require_positive_ints(owner: str, *, optional: bool = False, **values: Any) -> None:
+    """`require` each value to be a positive int (or None, if `optional`)."""
+    expected = "None or a positive int" if optional else "a positive int"
+    for name, value in values.items():
+        require(owner, name, value, (optional and value is None) or is_positive_int(value), expected)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -189,6 +189,13 @@ def structure_mask(
     )
 
 
+def with_structure(mask, options, Lq, Lk):
+    """`mask` ANDed with `options`' causal / window structure, as a 5-axis grouped mask `[B|1, G|1, R|1, Lq, Lk]`
+    (or None): what the dense implementations take."""
+    mask = and_masks(mask, structure_mask(Lq, Lk, options.is_causal, options.window))
+    return None if mask is None else mask.reshape((1,) * (5 - mask.ndim) + mask.shape)
+
+
 def normalize_window(local_window_size: int | Sequence[int] | None) -> tuple[int, int] | None:
     """`int` or `(left, right)` -> `(left, right)`, both non-negative ints."""
     if local_window_size is None:

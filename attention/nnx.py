@@ -1,7 +1,8 @@
 """`MultiHeadAttention` as a `flax.nnx` module: a drop-in for `flax.nnx.MultiHeadAttention` (0.12).
 
-An adapter: Flax NNX's constructor and call map onto `attention.multihead`, which the Linen layer
-shares (Flax's shims: `attention.flax_compat`), under Flax's `nnx.Param` paths and shapes.
+Its call reads top to bottom as Flax's: the checks, the projections, the decode cache, attention
+(`attention.attend`), the output projection; its parameters are Flax's `nnx.Param` paths and shapes.
+The decode state (`init_cache`, `nnx.view`) is `attention.nnx_state`'s.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from flax import nnx
 from flax.nnx.nn import dtypes, initializers
 from flax.nnx.nn.linear import default_kernel_init
 
-from attention import family, flax_compat
-from attention import multihead as mh
-from attention.cache import LAYOUT as CACHE_LAYOUT
-from attention.cache import BEAM_ROWS, VARIABLES
-from attention.checks import require, require_positive_ints
-from attention.flax_compat import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
-from attention.geometry import HeadGeometry
-from attention.nnx_state import KEPT, DecodeState
+from flax.nnx.module import first_from
+
+from attention import beams, family
+from attention.cache import BEAM_ROWS, CROSS_KV, LAYOUT, VARIABLES
+from attention.core import attend, check_layer_settings, relayout
+from attention.family import layer_call
+from attention.geometry import HeadGeometry, require, require_positive_ints
+from attention.masks import head_multiplier
+from attention.nnx_params import load_linen_params, to_linen_params  # noqa: F401 (attention.nnx's API)
+from attention.nnx_state import SETTINGS, DecodeState
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -117,7 +120,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         )
         self.geometry = geometry
         self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim = dataclasses.astuple(geometry)
-        self.blocks = mh.check_settings(
+        self.blocks = check_layer_settings(
             owner, geometry, impl=impl, block_sizes=block_sizes, fused_qkv=fused_qkv, dropout_rate=dropout_rate
         )
         require(
@@ -129,23 +132,23 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         )
         options = family.check_options(attention_type, attention_options)  # checks the name too
         arguments = locals()
-        for name in KEPT:
+        for name in SETTINGS:
             setattr(self, name, arguments[name])
         self.attention_options = MappingProxyType(options)
-        spec = family.member(attention_type)
-        if spec is not None:  # what can be refused before a call is refused here
-            mh.check_member_call(
+        variant = family.member(attention_type)
+        if variant is not None:  # what can be refused before a call is refused here
+            layer_call.check_member_call(
                 type(self).__name__,
                 self,
                 geometry,
                 is_self=True,
                 values_are_keys=True,
                 causal=False,
-                decode=mh.steps_decode_state(bool(decode), cache_cross_kv),
+                decode=bool(decode) and not cache_cross_kv,
                 sow_weights=False,
             )
         self._make_layers(
-            spec,
+            variant,
             geometry,
             options,
             rngs,
@@ -161,12 +164,12 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             key_ln=key_ln_scale_metadata,
         )
         self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else None
-        for name in (*VARIABLES, BEAM_ROWS, *mh.CROSS_KV):
+        for name in (*VARIABLES, BEAM_ROWS, *CROSS_KV):
             setattr(self, name, nnx.data(None))
 
     def _make_layers(
         self,
-        spec,
+        variant,
         geometry,
         options,
         rngs,
@@ -201,14 +204,16 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         in_features = self.in_features
         if self.fused_qkv:
             self.qkv = linear(in_features, out_features=(H + 2 * G, d_k))
-        elif spec is None or not spec.projects:
+        elif variant is None or not variant.projects:
             self.query = linear(in_features, out_features=(H, d_k))
-            if spec is None or not spec.shared_qk:
+            if variant is None or not variant.shared_qk:
                 self.key = linear(self.in_kv_features, out_features=(G, d_k))
             self.value = linear(self.in_kv_features, out_features=(G, d_v))
-        if spec is not None:
-            member = nnx.bridge.ToNNX(mh.make_member(self, options, geometry, decode=False, kernel_init=kernel_init))
-            shapes = mh.member_input_shapes(spec, geometry, (1,), 1, self.in_features, self.in_kv_features)
+        if variant is not None:
+            member = nnx.bridge.ToNNX(
+                layer_call.make_member(self, options, geometry, decode=False, kernel_init=kernel_init)
+            )
+            shapes = layer_call.member_input_shapes(variant, geometry, (1,), 1, self.in_features, self.in_kv_features)
             nnx.bridge.lazy_init(member, *map(jnp.zeros, shapes), rngs=rngs.params())
             setattr(self, self.attention_type, member)
         norm = functools.partial(
@@ -262,66 +267,121 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         W^O) and lengths (with `decode`: the real new tokens per sequence, int `[batch...]`). Weights sown as
         Flax's layer sows them: `nnx.capture(layer, nnx.Intermediate)(x, sow_weights=True)` collects them.
         """
+        # the inputs by Flax's rules, then the call's arguments
+        inputs_k, inputs_v = flax_inputs(inputs_q, inputs_k, inputs_v)
         decode = bool(decode if decode is not None else self.decode)
-        call = flax_compat.nnx_call(
-            self,
-            inputs_q,
-            inputs_k,
-            inputs_v,
-            decode=decode,
-            lengths=lengths,
-            input_positions=input_positions,
-            deterministic=deterministic,
-            rngs=rngs,
-        )
+        self._check_call(inputs_q, decode, lengths, input_positions)
+        steps_state = decode and not self.cache_cross_kv  # a layer keeping its source decodes by reusing it
+        kv_layout = LAYOUT if self.cache_cross_kv and not self.fused_qkv else "BTNH"  # the projected K/V's
         project = functools.partial(self._project, sharding=qkv_sharding)
-        if self.attention_type != "softmax":
-            x = self._family_attention(call, mask, is_causal, lengths, sow_weights, project, head_mask)
-            return self.out(x, out_sharding=out_sharding)
-        query, key, value = project(*call.inputs)
-        kv_layout, read = call.kv_layout, None
-        if call.decode:  # the cache mask is causal, at each sequence's offset
-            in_place = mh.reads_beams_in_place(self.attention_fn, sow_weights, call.deterministic)
-            read = self._use_cache(key, value, mask, lengths, in_place)
-            key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, CACHE_LAYOUT
-        options = dict(
-            mask=mask,
-            dropout_rate=self.dropout_rate,
-            dropout_rng=call.dropout_rng,
-            deterministic=call.deterministic,
-            broadcast_dropout=self.broadcast_dropout,
-            dtype=self.dtype,
-            precision=self.precision,
-        )
-        if self.attention_fn is not None:
-            extra = {} if input_positions is None else {"input_positions": input_positions}
-            key, value = flax_compat.flax_layout(kv_layout, key, value)
-            x = self.attention_fn(
-                query, key, value, **options, module=self if sow_weights else None, is_causal=is_causal, **extra
+
+        if self.attention_type != "softmax":  # a cheaper member of the family (attention.family)
+            inputs = (inputs_q, inputs_k, inputs_v)
+            x = self._family_heads(inputs, mask, is_causal, steps_state, kv_layout, sow_weights, lengths, project)
+        else:
+            deterministic, dropout_rng = self._dropout(deterministic, rngs)
+            query, key, value = project(inputs_q, inputs_k, inputs_v)
+            read = None
+            if steps_state:  # the KV cache, set up by init_cache / nnx.view; its mask is causal, at each offset
+                in_place = self.attention_fn is None and not sow_weights and bool(deterministic)
+                read = self._use_cache(key, value, mask, lengths, in_place)
+                key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, LAYOUT
+            options = dict(
+                mask=mask,
+                dropout_rate=self.dropout_rate,
+                dropout_rng=dropout_rng,
+                deterministic=deterministic,
+                broadcast_dropout=self.broadcast_dropout,
+                dtype=self.dtype,
+                precision=self.precision,
             )
-            return self.out(mh.gate_heads(x, head_mask, self.num_heads), out_sharding=out_sharding)
-        sow = functools.partial(self.sow, nnx.Intermediate, "attention_weights") if sow_weights else None
-        x = mh.exact_heads(
-            query,
-            key,
-            value,
-            sow=sow,
-            impl=self.impl,
-            **call.blocks,
-            **options,
-            beam_rows=None if read is None else read.beam_rows,
-            head_mask=head_mask,
-            is_causal=is_causal,
-            formulation=self.formulation,
-            kv_layout=kv_layout,
-        )
+            if self.attention_fn is not None:  # called as Flax calls it, K/V `[batch..., Lk, G, D]`
+                extra = {} if input_positions is None else {"input_positions": input_positions}
+                key, value = relayout(key, kv_layout, "BTNH"), relayout(value, kv_layout, "BTNH")
+                module = self if sow_weights else None
+                x = self.attention_fn(query, key, value, **options, module=module, is_causal=is_causal, **extra)
+            elif read is not None and read.beam_rows is not None:  # beam search's cache, read in place
+                x = beams.history_attention(
+                    query,
+                    key,
+                    value,
+                    read.beam_rows,
+                    read.mask,
+                    dtype=self.dtype,
+                    precision=self.precision,
+                    formulation=self.formulation,
+                )
+            else:
+                impl = "vmap" if sow_weights and self.impl == "auto" else self.impl
+                x, weights = attend(
+                    query,
+                    key,
+                    value,
+                    impl=impl,
+                    **self.blocks,
+                    **options,
+                    is_causal=is_causal,
+                    formulation=self.formulation,
+                    kv_layout=kv_layout,
+                )
+                if sow_weights:
+                    self._sow(weights, impl)
+
+        if head_mask is not None:  # x: heads [batch..., Lq, H, d_v], each scaled before W^O
+            x = x * head_multiplier(head_mask, x.shape[:-3], self.num_heads, x.dtype)
         return self.out(x, out_sharding=out_sharding)
 
-    def _family_attention(self, call, mask, is_causal, lengths, sow_weights, project, head_mask):
+    def _check_call(self, inputs_q, decode, lengths, input_positions):
+        """The call's arguments that Flax's has or ours adds: the input width, lengths, input_positions."""
+        require(
+            "",
+            "inputs_q features",
+            inputs_q.shape[-1],
+            inputs_q.shape[-1] == self.in_features,
+            f"in_features = {self.in_features} (shape {inputs_q.shape})",
+        )
+        if lengths is not None and not decode:
+            raise ValueError("lengths is a decode argument (the real new tokens per sequence); pass decode=True")
+        if input_positions is not None and self.attention_fn is None:
+            raise ValueError(
+                "input_positions is forwarded to attention_fn, and attention_fn is None; set an "
+                "attention_fn that takes it (e.g. nnx.dot_product_attention_with_rope)"
+            )
+
+    def _dropout(self, deterministic, rngs):
+        """(deterministic, the dropout key or None), resolved as `flax.nnx.MultiHeadAttention` resolves them."""
+        if self.dropout_rate == 0.0:
+            return True, None
+        deterministic = first_from(
+            deterministic,
+            self.deterministic,
+            error_msg=(
+                "No `deterministic` argument was provided to MultiHeadAttention as either a __call__ argument or "
+                "class attribute (it is needed when dropout_rate > 0)."
+            ),
+        )
+        rngs = self.rngs if rngs is None else rngs.dropout if isinstance(rngs, nnx.Rngs) else rngs
+        if deterministic:
+            return True, None
+        if rngs is None:
+            raise ValueError(
+                "rngs must be provided to __call__ when dropout is on and the layer was built with keep_rngs=False"
+            )
+        return False, rngs()
+
+    def _sow(self, weights, impl):
+        if weights is None:
+            raise ValueError(
+                f"sow_weights=True needs the attention weights, which impl={impl!r} does not "
+                "expose; use impl='vmap', 'einsum' or 'auto'"
+            )
+        self.sow(nnx.Intermediate, "attention_weights", weights)
+
+    def _family_heads(self, inputs, mask, is_causal, decode, kv_layout, sow_weights, lengths, project):
         """Heads `[batch..., Lq, H, d_v]` from the `attention_type` member, after checking it can serve this call."""
-        (inputs_q, inputs_k, inputs_v), name, decode = call.inputs, self.attention_type, call.decode
+        (inputs_q, inputs_k, inputs_v), name = inputs, self.attention_type
         causal = is_causal or decode
-        spec = mh.check_member_call(
+        variant = layer_call.check_member_call(
             type(self).__name__,
             self,
             self.geometry,
@@ -332,21 +392,20 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             sow_weights=sow_weights,
         )
         member = getattr(self, name)
-        own_state = spec.decode == "state" and member.to_nnx__module.decode
-        family.check_state_decode(name, spec, decode=decode, in_decode_mode=own_state, lengths=lengths)
+        own_state = variant.decode == "state" and member.to_nnx__module.decode
+        family.check_state_decode(name, variant, decode=decode, in_decode_mode=own_state, lengths=lengths)
         use_cache = lambda k, v, m, in_place: self._use_cache(k, v, m, lengths, in_place)
-        return mh.family_heads(
-            spec,
+        return layer_call.family_heads(
+            variant,
             member,
             project,
             use_cache,
-            call.inputs,
+            inputs,
             mask,
             num_heads=self.num_heads,
             causal=causal,
             decode=decode,
-            head_mask=head_mask,
-            kv_layout=call.kv_layout,
+            kv_layout=kv_layout,
             mutable=["cache"] if own_state else False,
         )  # ToNNX keeps the new state
 
@@ -357,7 +416,11 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         source's `[batch..., G, Lk, d]` (`_cross_kv`).
         """
         if self.fused_qkv:
-            mh.check_fused_inputs(True, inputs_k is inputs_q and inputs_v is inputs_q)
+            if not (inputs_k is inputs_q and inputs_v is inputs_q):
+                raise ValueError(
+                    "fused_qkv=True projects q, k and v from one input; it needs self-attention "
+                    "(inputs_k and inputs_v None or the same array as inputs_q)"
+                )
             qkv = self.qkv(inputs_q, out_sharding=sharding)
             query, key, value = jnp.split(qkv, [self.num_heads, self.num_heads + self.num_kv_heads], axis=-2)
         else:
@@ -370,3 +433,15 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         if self.normalize_qk:
             query, key = self.query_ln(query), self.key_ln(key)
         return query, key, value
+
+
+def flax_inputs(inputs_q, inputs_k, inputs_v):
+    """(inputs_k, inputs_v) by `flax.nnx.MultiHeadAttention`'s rules: k defaults to q, v to k."""
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError(
+                "inputs_k cannot be None if inputs_v is not None; to use one array for both, "
+                "pass it as inputs_k and leave inputs_v None"
+            )
+        inputs_k = inputs_q
+    return inputs_k, inputs_k if inputs_v is None else inputs_v

@@ -19,14 +19,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention import family
-from attention import multihead as mh
-from attention.cache import BEAM_ROWS, VARIABLES, KVCache
+from attention.cache import BEAM_ROWS, VARIABLES, KVCache, check_cache_size, cross_kv
+from attention.family.layer_call import member_input_shapes
 
 
 class Settings:
     """The constructor arguments the NNX layer keeps as attributes (Flax's layer keeps them so), typed.
 
-    `attention.nnx.MultiHeadAttention.__init__` sets each one named here (`KEPT`), in this order.
+    `attention.nnx.MultiHeadAttention.__init__` sets each one named here (`SETTINGS`), in this order.
     """
 
     in_features: int
@@ -55,32 +55,32 @@ class Settings:
     cache_cross_kv: bool
 
 
-KEPT = tuple(Settings.__annotations__)
+SETTINGS = tuple(Settings.__annotations__)  # their names, in the order the constructor sets them
 
 
 class DecodeState(Settings):
     """The NNX layer's decode variables: allocated by `init_cache` / `set_view`, read and written by its calls."""
 
     def _has_cache(self):
-        spec = family.member(self.attention_type)
-        if spec is not None and spec.decode == "state":
+        variant = family.member(self.attention_type)
+        if variant is not None and variant.decode == "state":
             return getattr(self, self.attention_type).to_nnx__module.decode
         return (self.cross_key if self.cache_cross_kv else self.cached_key) is not None
 
     def _allocate(self, batch, max_length, dtype):
         """The decode state for `batch` sequences of `max_length`: the KV cache, a member's own, or (cross) an empty
         kept source; no beam table."""
-        mh.check_cache_size(batch, max_length)
-        spec = family.member(self.attention_type)
+        check_cache_size(batch, max_length)
+        variant = family.member(self.attention_type)
         setattr(self, BEAM_ROWS, nnx.data(None))  # a new search hands in its own table
         if self.cache_cross_kv:  # a new source, none kept yet: the next call stores its keys/values
             G, d_k, d_v = self.num_kv_heads, self.head_dim, self.v_head_dim
             self.cross_key = nnx.Cache(jnp.zeros((*batch, G, 0, d_k), dtype))
             self.cross_value = nnx.Cache(jnp.zeros((*batch, G, 0, d_v), dtype))
-        elif spec is not None and spec.decode == "state":  # the member's own state, shaped by its Linen init
+        elif variant is not None and variant.decode == "state":  # the member's own state, shaped by its Linen init
             member = getattr(self, self.attention_type)
-            shapes = mh.member_input_shapes(
-                spec, self.geometry, batch, max_length, self.in_features, self.in_kv_features
+            shapes = member_input_shapes(
+                variant, self.geometry, batch, max_length, self.in_features, self.in_kv_features
             )
             member.to_nnx__module, state = family.decode_state(member.to_nnx__module, shapes)
             for name, zeros in state.items():
@@ -155,4 +155,4 @@ class DecodeState(Settings):
         if self.cross_key is not None and self.cross_key.shape[-2]:  # a source is kept
             return self.cross_key[...], self.cross_value[...]
         store = None if self.cross_key is None else lambda name, x: getattr(self, name).set_value(x)
-        return mh.cross_kv(None, project_kv, store)
+        return cross_kv(None, project_kv, store)

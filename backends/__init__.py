@@ -47,7 +47,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attention.formulation import Formulation
+from attention.head import Formulation
 from backends import xla_cpu, xla_cpu_bf16
 
 MATMULS = ("auto", "xla", "row_major")

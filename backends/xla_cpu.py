@@ -3,7 +3,7 @@
 Nothing in attention/ or models/ imports this module: `backends.model_hooks` picks these for the
 CPU and the training config passes them to the model (`TransformerConfig.formulation`,
 `TransformerConfig.dropout_keep`), as it passes `xla_cpu_bf16.row_major_dot_general`. On every
-other backend the model runs the plain formulation (`attention.formulation.Formulation`,
+other backend the model runs the plain formulation (`attention.head.Formulation`,
 Flax's `jax.random.bernoulli` dropout).
 
 * Cache updates behind `lax.optimization_barrier` (`write_cache`): one materialised update per cache,
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.formulation import Formulation
+from attention.head import Formulation
 
 BITS = 16  # per dropout decision; 32 // BITS decisions per random word
 

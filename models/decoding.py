@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention import formulation as attention_formulation
+from attention import head as attention_formulation
 from attention.cache import KVCache
-from attention.multihead import CROSS_KV
+from attention.cache import CROSS_KV
 
 
 def init_cache(model, params, encoded, src_tokens, max_len: int):

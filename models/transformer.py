@@ -41,7 +41,7 @@ from flax.core import FrozenDict
 from jax import lax
 
 import attention
-from attention import checks, family
+from attention import family, geometry
 from models import tokens
 from models.dropout import Dropout
 
@@ -160,8 +160,8 @@ class TransformerConfig:
         _require("pad_id/eos_id/bos_id", ids, len(set(ids)) == 3, "three distinct ids")
 
 
-_is_positive_int = checks.is_positive_int
-_require = functools.partial(checks.require, "TransformerConfig.")  # (name, value, ok, expected)
+_is_positive_int = geometry.is_positive_int
+_require = functools.partial(geometry.require, "TransformerConfig.")  # (name, value, ok, expected)
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention.family.member import LayerFilled
-from attention.grouped import Options, group_heads, to_grouped
+from attention.core import Options, group_heads, to_grouped
 from attention.impl import blockwise
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from attention.family.member import LayerFilled, grouped_queries
-from attention.grouped import kv_axes
+from attention.core import kv_axes
 from attention.masks import causal_from
 
 _ALPHA_MIN = 1.0 + 1e-3  # α is clipped here: at α = 1 the closed form divides by α − 1

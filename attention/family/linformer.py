@@ -19,7 +19,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from attention.checks import require_positive_ints
+from attention.geometry import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled, key_padding
 

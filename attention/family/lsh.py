@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.checks import require_positive_ints
+from attention.geometry import require_positive_ints
 from attention.family.member import LayerFilled, key_padding
 from attention.masks import allowed_by_position
 

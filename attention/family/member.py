@@ -44,7 +44,7 @@ class LayerFilled(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     precision: Any = None
-    formulation: Any = None  # attention.formulation.Formulation for the products (None: plain)
+    formulation: Any = None  # attention.head.Formulation for the products (None: plain)
 
 
 def options_of(module: type) -> tuple[str, ...]:

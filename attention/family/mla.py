@@ -21,7 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 from attention import cache as kv_cache
-from attention.checks import require_positive_ints
+from attention.geometry import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled
 from attention.head import softmax

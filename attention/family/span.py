@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from attention.beams import history_attention
-from attention.checks import require_positive_ints
+from attention.geometry import require_positive_ints
 from attention.core import attend
 from attention.family.member import LayerFilled
-from attention.grouped import kv_axes
+from attention.core import kv_axes
 
 
 def soft_mask(distance: jax.Array, span: jax.Array, ramp: float) -> jax.Array:

@@ -1,4 +1,4 @@
-"""The attention implementations: one file each, one signature (`attention.grouped`), one table.
+"""The attention implementations: one file each, one signature (`attention.core`), one table.
 
 `IMPLEMENTATIONS` is the only place that knows the choices and the K/V layout each computes in;
 `attention.IMPLS` (plus "auto") and the validation of `impl` derive from it.
@@ -9,17 +9,18 @@ from typing import NamedTuple
 
 import jax
 
-from attention.impl import blockwise, einsum, jax_nn, vmap
+from attention import head
+from attention.impl import blockwise, einsum, jax_nn
 
 
 class Implementation(NamedTuple):
-    # (q, k, v, mask, bias, options) -> (out, weights or None), as `attention.grouped` describes them
+    # (q, k, v, mask, bias, options) -> (out, weights or None), as `attention.core` describes them
     attention: Callable[..., tuple[jax.Array, jax.Array | None]]
-    kv_layout: str  # the layout it takes k and v in (`attention.grouped.KV_LAYOUTS`)
+    kv_layout: str  # the layout it takes k and v in (`attention.core.KV_LAYOUTS`)
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
-    "vmap": Implementation(vmap.attention, "BNTH"),
+    "vmap": Implementation(head.vmapped, "BNTH"),  # the one-head formula, vmapped
     "einsum": Implementation(einsum.attention, "BNTH"),
     "xla": Implementation(jax_nn.xla, "BTNH"),  # jax.nn.dot_product_attention's layout
     "cudnn": Implementation(jax_nn.cudnn, "BTNH"),

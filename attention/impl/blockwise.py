@@ -22,15 +22,17 @@ as the dense softmax over constant logits does. Dropout draws its keep-mask per 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from attention.grouped import Options
 from attention.masks import allowed_by_position
+
+if TYPE_CHECKING:  # attention.core imports this module for its table
+    from attention.core import Options
 
 # 256 x 256: the fastest forward and near-best forward+backward at N = 2048 (results/code_choices.md).
 DEFAULT_BLOCK_Q = 256
@@ -98,7 +100,7 @@ def attention(
     options: Options,
     plan: Schedule | None = None,
 ) -> tuple[jax.Array, None]:
-    """The `attention.grouped` signature: q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]` -> (`[B, Lq, G, R, Dv]`, None).
+    """The `attention.core` signature: q `[B, Lq, G, R, Dk]`, k/v `[B, G, Lk, D]` -> (`[B, Lq, G, R, Dv]`, None).
 
     Pads the lengths to whole blocks, lays the arrays out for the kernel and calls it; JAX
     differentiates the padding and layout, the kernel has its own backward. `plan` replaces

@@ -10,13 +10,12 @@ import math
 
 import jax.numpy as jnp
 
-from attention.grouped import with_structure
-from attention.formulation import logits_dtype
-from attention.head import dropout_multiplier, softmax
+from attention.head import dropout_multiplier, logits_dtype, softmax
+from attention.masks import with_structure
 
 
 def attention(q, k, v, mask, bias, options):
-    """The `attention.grouped` signature: q `[B, Lq, G, R, d_k]`, k/v `[B, G, Lk, D]`."""
+    """The `attention.core` signature: q `[B, Lq, G, R, d_k]`, k/v `[B, G, Lk, D]`."""
     (B, Lq, G, R, d_k), Lk = q.shape, k.shape[2]
     mask = with_structure(mask, options, Lq, Lk)
     keep = dropout_multiplier(

@@ -2,7 +2,7 @@
 
 It has no attention dropout, no precision argument (scoped through the default matmul
 precision instead) and needs d_v == d_k; it takes K/V `[B, Lk, G, D]` ("BTNH", as its table entry says:
-`attention.grouped.to_grouped` puts them in it) and GQA natively.
+`attention.core.to_grouped` puts them in it) and GQA natively.
 
 cuDNN's flash attention refuses more than XLA does; `check_cudnn` names each refusal
 (field, value, what is expected) before cuDNN's own, unnamed errors. The limits are those
@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attention.formulation import is_nvidia_gpu, target
+from attention.head import is_nvidia_gpu, target
 
 CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def attention(q, k, v, mask, bias, options, *, implementation):
-    """The `attention.grouped` signature, k and v "BTNH" `[B, Lk, G, D]`; weights are not exposed (None)."""
+    """The `attention.core` signature, k and v "BTNH" `[B, Lk, G, D]`; weights are not exposed (None)."""
     platform = options.formulation.platform  # the program's target, where the caller named it
     if implementation == "cudnn" and not is_nvidia_gpu(platform):
         where = (

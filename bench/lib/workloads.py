@@ -85,7 +85,7 @@ def no_logits_barrier():
     """XLA:CPU's formulation (`backends.xla_cpu.FORMULATION`) with a decode step's log-probabilities spelled
     plainly: no barrier between the vocabulary matmul and log_softmax, every other barrier kept. One instance
     (of one class) a process, so configs holding it compare equal."""
-    from attention.formulation import Formulation
+    from attention.head import Formulation
     from backends import xla_cpu
 
     class NoLogitsBarrier(xla_cpu.XlaCpuFormulation):

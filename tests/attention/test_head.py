@@ -1,5 +1,5 @@
 """`attention.head.attention_head`: the paper's one-head formula, given its two products bound, and
-`attention.formulation.products`, which binds a formulation's."""
+`attention.head.products`, which binds a formulation's (both in attention/head.py)."""
 
 import ast
 import pathlib
@@ -9,21 +9,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from attention import formulation
+from attention import head as formulation
 from attention.head import attention_head
 from reference import attention as reference
 
 HEAD = pathlib.Path(__file__).resolve().parents[2] / "attention" / "head.py"
 
 
-def test_the_head_imports_no_formulation_or_backend():
+def test_the_head_imports_no_backend_and_the_formula_knows_no_formulation():
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(ast.parse(HEAD.read_text()))
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported == {"__future__", "math", "jax", "jax.numpy"}
+    assert not any(name.startswith("backends") for name in imported), imported
+    assert {name for name in imported if name.startswith("attention")} == {"attention.masks"}
+    # the formula takes its products bound: it names no formulation, only what it computes with
+    assert set(attention_head.__code__.co_names) & {"Formulation", "PLAIN", "resolve", "products"} == set()
 
 
 def test_one_head_with_bound_products_equals_numpy():

@@ -1,9 +1,9 @@
-"""The shape of attention/: each layer face projects, calls the core once, projects out.
+"""The shape of attention/: each layer face reads top to bottom, calls the core once, projects out.
 
-`bench.face_trace` follows one eager call of each face through the project's files; a face that
-calls out of its own file more than a few times (a check, the core, the cache) is gathering logic
-that belongs in `attention.multihead` (docs/attention.md, "The two faces"). Function size is held
-by ruff's complexity rules (C901, PLR0915), not here.
+`bench.face_trace` follows one eager softmax GQA call of each face through the project's files: it
+calls out of its own file a few times (a check, the core) and passes through at most 5 files (the
+face, the settings checks, `attend`, the masks, the one-head formula; docs/layout.md draws the path).
+Function size is held by ruff's complexity rules (C901, PLR0915), not here.
 """
 
 import sys
@@ -14,15 +14,17 @@ import pytest
 from bench import face_trace
 
 MAX_CALLS_OUT = 5
+MAX_FILES = 5
 
 
 @pytest.mark.parametrize(
     "make, face", [(face_trace.linen_run, "attention/layer.py"), (face_trace.nnx_run, "attention/nnx.py")]
 )
-def test_a_face_calls_out_of_its_file_at_most_5_times(make, face):
+def test_a_face_calls_out_at_most_5_times_through_at_most_5_files(make, face):
     result = face_trace.trace(make(), face)
     assert result["hops"] > 0 and "attention/core.py" in result["files"]  # the trace saw the call reach the core
     assert result["calls_out"] <= MAX_CALLS_OUT, f"{face} calls out {result['calls_out']} times: {result['by_callee']}"
+    assert len(result["files"]) <= MAX_FILES, f"{face}'s call passes through {result['files']}"
 
 
 def _module(tmp_path, name, source):

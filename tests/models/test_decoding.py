@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import models
-from attention.formulation import Formulation
+from attention.head import Formulation
 from backends import xla_cpu
 from models import decoding
 from tiny import model_config
