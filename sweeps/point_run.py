@@ -23,6 +23,8 @@ from training.data.corpus import load_corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
 from training.run import loop, stacked_run
+from training.run.divergence import DIVERGED_FILE
+from training.run.workdir import PREPARED_FILE, move_run_aside
 from sweeps import adopt, schema, store, timer
 from sweeps.schema import Point, Stack
 
@@ -65,7 +67,7 @@ def run_point(
     try:
         vocabulary = shared_vocabulary(config, out)
         if restart:  # here, not through the training's own restart, which would train the run its own vocabulary
-            loop.move_run_aside(run_dir, keep=(LOCK_FILE,))
+            move_run_aside(run_dir, keep=(LOCK_FILE,))
         if not (run_dir / "spm.model").exists():
             files.write_atomic(run_dir / "spm.model", vocabulary.read_bytes())
         timer.timed(run_dir / TIMING_FILE, lambda: loop.train_and_evaluate(config, run_dir))
@@ -125,7 +127,7 @@ def run_stack(
             trained = max(
                 (r["step"] for r in files.read_jsonl(run_dir / "metrics.jsonl") if "split" not in r), default=0
             )
-            if (run_dir / loop.DIVERGED_FILE).exists() and trained < config.num_train_steps:
+            if (run_dir / DIVERGED_FILE).exists() and trained < config.num_train_steps:
                 diverged.append(point.seed)
                 results.append(None)
                 continue
@@ -148,7 +150,7 @@ def run_stack(
         if diverged:
             raise stacked_run.SeedsDiverged(
                 f"{stack.name}: seed(s) {', '.join(map(str, diverged))} diverged (WORKDIR/{stack.name}/ their "
-                f"{loop.DIVERGED_FILE}); the other seeds are stored"
+                f"{DIVERGED_FILE}); the other seeds are stored"
             )
     finally:
         release(stack_dir / LOCK_FILE)
@@ -164,7 +166,7 @@ def _store(module, out: Path, point: Point, run_dir: Path, commit: dict, extra: 
         **measure(run_dir, module.SWEEP_TEST_SPLIT),
         **commit,
         # the prepared training data it read (training.prepared): its manifest, by hash
-        "prepared_manifest_sha256": json.loads((run_dir / loop.PREPARED_FILE).read_text())["manifest_sha256"],
+        "prepared_manifest_sha256": json.loads((run_dir / PREPARED_FILE).read_text())["manifest_sha256"],
         **(extra or {}),
     }
     if module.SWEEP_TEST_SPLIT and not store.references_path(out, module.SWEEP_TEST_SPLIT).exists():

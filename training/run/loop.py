@@ -1,4 +1,8 @@
-"""The training run, top to bottom: config -> data -> vocabulary -> batches -> model -> steps -> checkpoints."""
+"""The training run, top to bottom: config -> data -> vocabulary -> batches -> model -> steps -> checkpoints.
+
+What it leans on sits beside it: the workdir's files and history (workdir.py), divergence (divergence.py), stop
+signals and time limits (stopping.py) and the logged metrics (window.py), each shared with stacked_run.py.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,15 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import jax
 import ml_collections
-import numpy as np
 
 from training import checkpoints, config as config_lib, prepared
 from training.core import compile_cache, files, lock, precision, step as step_lib
-from training.core.errors import RunRefused
 from training.core.metrics import MetricsWriter
 from training.core.progress import Bar
 from training.data import tokenizer
@@ -28,22 +28,22 @@ from training.data.corpus import Corpus, load_corpus
 from training.data.prefetch import Prefetch
 from training.evaluation import dev as dev_lib
 from training.parallel import distributed, trainers
+from training.run.divergence import (
+    LossWatch,
+    NonFiniteLoss,
+    check_finite,
+    diverged_error,
+    loss_watch,
+    read_divergence,
+    record_divergence,
+)
+from training.run.stopping import StopFlag, interrupted_evaluation, log_stop_during_evaluation, stopping
+from training.run.window import Window, compile_summary
+from training.run.workdir import LOCK_FILE, PREPARED_FILE, check_history, check_writable, move_run_aside
 
-
-LOCK_FILE = "train.lock"  # held by the process training in the workdir, naming its host and PID (training.core.lock)
-
-
-PREVIOUS = "previous"  # WORKDIR/previous/TIME/: a run that `restart` moved aside
 # batches the input thread makes ahead of the step (training.data.prefetch): enough to cover an epoch's plan,
 # drawn at the first batch of an epoch (results/input_pipeline.md)
 PREFETCH = 16
-PREPARED_FILE = "prepared.json"  # the prepared training data a run reads: its directory and manifest's SHA-256
-DIVERGED_FILE = "diverged.json"  # a divergence stop's loss baseline and its last good checkpoint (read on resume)
-
-
-class NonFiniteLoss(RunRefused):
-    """The run diverged: a non-finite or exploding loss (`config.divergence_factor`), non-finite
-    parameters, or a dev loss whose perplexity overflows."""
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path, restart: bool = False) -> dict:
@@ -267,7 +267,7 @@ def _train(
             evaluate_now = done % config.eval_every_steps == 0 or last
             checkpoint_now = done % config.checkpoint_every_steps == 0 or last or stop_requested
             if evaluate_now or checkpoint_now:  # the loss above predates this update: check its result
-                _check_finite(state.params, done, ckpts)
+                check_finite(state.params, done, ckpts)
             if evaluate_now:
                 result = evaluate(state, done, stop)
                 if result is None:  # SIGTERM/SIGINT during it: save now, redo the evaluation on resume
@@ -289,14 +289,6 @@ def _train(
     return dev_metrics
 
 
-def loss_watch(config, writer: MetricsWriter, baseline: float | None) -> LossWatch:
-    """The divergence watch of a run resumed at the lowest loss it logged (or the divergence stop's `baseline`)."""
-    logged = [r["loss"] for r in writer.records if "split" not in r and "loss" in r]
-    return LossWatch(
-        config.get("divergence_factor", 0.0), min(logged + ([baseline] if baseline is not None else []), default=None)
-    )
-
-
 def _prefetch(run: _Run, start: int, stop: int) -> Prefetch:
     """The batches of steps `start` to `stop - 1`, made ahead in a thread: (this process's rows of the batch, the
     batch's row count) each."""
@@ -306,16 +298,6 @@ def _prefetch(run: _Run, start: int, stop: int) -> Prefetch:
         return run.schedule.batch(step, rows=run.trainer.local_rows(rows)), rows
 
     return Prefetch(make, start, stop, depth=PREFETCH)
-
-
-def interrupted_evaluation(config, writer: MetricsWriter, start: int) -> bool:
-    """Whether the dev evaluation at step `start` was cut short by a stop signal (it is redone before training
-    goes on): every process agrees."""
-    return distributed.agree(
-        start > 0
-        and start % config.eval_every_steps == 0
-        and not any(r["step"] == start and "split" in r for r in writer.records)
-    )[0]
 
 
 def _timed_step(
@@ -332,33 +314,9 @@ def _timed_step(
     metrics = jax.device_get(metrics)  # also waits for the step: honest step times
     loss = float(metrics["loss"])
     if (why := watch.check(loss)) is not None:  # the loss of checkpoint `step`'s parameters
-        raise _diverged(f"{why} at step {step + 1}", ckpts, insane=step)
+        raise diverged_error(f"{why} at step {step + 1}", ckpts, insane=step)
     window.add(t1 - t0, time.perf_counter() - t1, float(metrics["tokens"]), batch.padding_fraction, metrics)
     return state, loss
-
-
-def log_stop_during_evaluation(stop: StopFlag, done: int) -> None:
-    logging.info(
-        "stop requested (signal %s) during the dev evaluation: checkpoint saved at step %d "
-        "(the evaluation is redone on resume), exiting",
-        stop.signum,
-        done,
-    )
-
-
-def stopping(config, done: int, out_of_time: bool, stop_requested: bool, stop: StopFlag) -> bool:
-    """Whether training stops after step `done` (out of time, or a stop signal), logged."""
-    if out_of_time:
-        logging.info(
-            "max_train_seconds (%s) reached at step %d: evaluated, checkpointed, stopping",
-            config.max_train_seconds,
-            done,
-        )
-        return True
-    if stop_requested:
-        logging.info("stop requested (signal %s): checkpoint saved at step %d, exiting", stop.signum, done)
-        return True
-    return False
 
 
 class _Evaluator:
@@ -384,7 +342,7 @@ class _Evaluator:
         if result is None:
             return None
         if not math.isfinite(result["perplexity"]):  # a finite blow-up: as diverged as a NaN
-            raise _diverged(f"dev loss {result['loss']:g} at step {done} overflows its perplexity", self.ckpts)
+            raise diverged_error(f"dev loss {result['loss']:g} at step {done} overflows its perplexity", self.ckpts)
         self.writer.write(result)
         logging.info("dev %s", result)
         self.ckpts.save_if_best(done, run.trainer.to_checkpoint(state), result["loss"])
@@ -412,242 +370,8 @@ def nonempty(config, field: str) -> Corpus:
     return corpus
 
 
-def check_writable(workdir: Path) -> None:
-    """ValueError unless `workdir` is a directory this process can write, or can be created (the nearest existing
-    ancestor is a writable directory)."""
-    existing = next(p for p in (workdir, *workdir.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"--workdir {workdir}: {existing} is a file; expected a directory (or a path to create)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"--workdir {workdir}: {existing} is not writable by this user; expected a directory train.py can write"
-        )
-
-
-def _steps_in(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
-
-
-def check_history(workdir: Path) -> None:
-    """RunRefused if `workdir` holds a run (logged metrics, a best/ or set-aside checkpoint) but no checkpoint to
-    resume, or checkpoints but no config.json (nothing to check the requested config against).
-
-    A start that was killed before its first record (config.json, the vocabulary, an empty metrics.jsonl)
-    holds no run: the same command starts it again.
-    """
-    saved = [f"{folder}/ step {s}" for folder in ("checkpoints", "best") for s in _steps_in(workdir / folder)]
-    if saved and not (workdir / "config.json").is_file():
-        raise RunRefused(
-            f"{workdir} holds checkpoints ({', '.join(saved)}) but no config.json, so the run's config cannot be "
-            f"checked against this one: put the run's config.json back to resume it, pass --restart to start over "
-            f"(the old run is moved to {workdir / PREVIOUS}/), or use a new --workdir"
-        )
-    metrics = workdir / "metrics.jsonl"
-    logged = [r.get("step", 0) for r in files.read_jsonl(metrics)] if metrics.is_file() else []
-    aside = (
-        [p.name for p in (workdir / "checkpoints").iterdir() if p.is_dir() and not p.name.isdigit()]
-        if (workdir / "checkpoints").is_dir()
-        else []
-    )
-    evidence = (
-        ([f"metrics.jsonl to step {max(logged)}"] if logged else [])
-        + [f"best/ step {s}" for s in _steps_in(workdir / "best")]
-        + [f"checkpoints/{name}/" for name in sorted(aside)]
-    )
-    if evidence and not _steps_in(workdir / "checkpoints"):
-        what = (
-            f"{workdir / 'checkpoints'} is missing, but {workdir} holds a run"
-            if not (workdir / "checkpoints").is_dir()
-            else f"{workdir} holds a run"
-        )
-        refused = FileNotFoundError if not (workdir / "checkpoints").is_dir() else RunRefused
-        raise refused(
-            f"{what} ({', '.join(evidence)}) but no checkpoint in {workdir / 'checkpoints'} to resume from: "
-            f"restore them to resume, pass --restart to start over (the old run is moved to {workdir / PREVIOUS}/), "
-            "or use a new --workdir"
-        )
-
-
-def move_run_aside(workdir: Path, keep: tuple[str, ...] = ()) -> None:
-    """Move everything in `workdir` but its lock, earlier runs and `keep` to `workdir/previous/TIME/` (nothing is
-    deleted)."""
-    names = [p for p in workdir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS, *keep)]
-    if not names:
-        return
-    target = workdir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    n = 1
-    while target.exists():
-        target, n = target.with_name(f"{target.name.split('.')[0]}.{n}"), n + 1
-    target.mkdir(parents=True)
-    for path in names:
-        os.replace(path, target / path.name)
-    logging.warning("restart: the run that was in %s is moved to %s", workdir, target)
-
-
 def _log_batch_split(schedule, data_shards):
     """Rows a batch and a data shard per bucket length (a batch's rows are padded to a multiple of the shards)."""
     rows = {length: n for length, n, _ in schedule.buckets}
     per_device = {length: -(-n // data_shards) for length, n in rows.items()}
     logging.info("batch rows by bucket length %s; per data shard (%d shards) %s", rows, data_shards, per_device)
-
-
-@jax.jit
-def all_finite(params):
-    return jax.numpy.all(jax.numpy.stack([jax.numpy.isfinite(x).all() for x in jax.tree.leaves(params)]))
-
-
-def _check_finite(params, step, ckpts):
-    """Never checkpoint a state that has gone non-finite: the last saved one stays the last good one."""
-    if not bool(all_finite(params)):
-        raise _diverged(f"parameters are not finite after step {step}", ckpts)
-
-
-def read_divergence(workdir: Path) -> dict:
-    """What the last divergence stop recorded in `workdir` (DIVERGED_FILE), or {}; ValueError naming a garbled file."""
-    path = workdir / DIVERGED_FILE
-    if not path.is_file():
-        return {}
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        lowest, kept = record["lowest_running_loss"], record["kept_step"]
-        if not (lowest is None or isinstance(lowest, float)) or not (kept is None or type(kept) is int):
-            raise TypeError
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError(
-            f"{path} is not a divergence record (expected JSON with lowest_running_loss and kept_step); "
-            f"restore it from a copy, or remove it to resume without the stop's baseline"
-        ) from None
-    return record
-
-
-def record_divergence(workdir: Path, lowest: float | None, ckpts) -> None:
-    """Write DIVERGED_FILE (process 0): the loss baseline a resume keeps, and the checkpoint rotation must keep."""
-    if distributed.is_main():
-        steps = ckpts.latest.all_steps()
-        files.write_atomic(
-            workdir / DIVERGED_FILE,
-            json.dumps({"lowest_running_loss": lowest, "kept_step": max(steps) if steps else None}, indent=2),
-        )
-
-
-def _diverged(what: str, ckpts, insane: int | None = None) -> NonFiniteLoss:
-    """The error that stops a diverged run, naming the checkpoint a resume would start from (if any).
-
-    insane: a step whose checkpoint (if saved) holds the parameters that gave the bad loss: moved to
-    checkpoints/diverged/, so the last one kept had a sane loss.
-    """
-    if insane is not None and insane in ckpts.latest.all_steps():
-        ckpts.move_aside([insane], checkpoints.DIVERGED)
-    steps = ckpts.latest.all_steps()
-    where = (
-        f"the last good checkpoint is step {max(steps)} in {ckpts.latest.directory} (its loss was sane)"
-        if steps
-        else "no checkpoint has been saved, so a resume starts from scratch"
-    )
-    return NonFiniteLoss(f"{what}; stopping without saving: {where}")
-
-
-class LossWatch:
-    """Divergence in the training loss: non-finite, or above `factor` x the lowest running loss so far.
-
-    The running loss is an exponential moving average over about ten steps (decay 0.9); its lowest value
-    is where training got to, so a loss `factor` times above it is a blow-up, not noise (0: only non-finite).
-    lowest: where a resumed run had got to (the lowest logged window mean), else None.
-    """
-
-    DECAY = 0.9
-
-    def __init__(self, factor: float, lowest: float | None = None):
-        self.factor, self.lowest, self.running = factor, lowest, None
-
-    def check(self, loss: float) -> str | None:
-        """Why `loss` means divergence, or None (then it joins the running loss)."""
-        if not math.isfinite(loss):
-            return f"loss is {loss}"
-        if self.factor and self.lowest is not None and loss > self.factor * self.lowest:
-            return (
-                f"loss {loss:.4g} is above config.divergence_factor ({self.factor:g}) x the lowest running loss "
-                f"({self.lowest:.4g})"
-            )
-        self.running = loss if self.running is None else self.DECAY * self.running + (1 - self.DECAY) * loss
-        self.lowest = self.running if self.lowest is None else min(self.lowest, self.running)
-        return None
-
-
-def compile_summary(totals: dict) -> str:
-    return (
-        f"{totals['compiled']} programs compiled in {totals['compile_s']:.1f}s, "
-        f"{totals['cache_loaded']} loaded from the persistent cache in {totals['cache_load_s']:.1f}s"
-    )
-
-
-class Window:
-    """Accumulates per-step timings and metrics between two log lines, and the compiles since the last one."""
-
-    def __init__(self, compiles: compile_cache.CompileCounter):
-        self.rows, self.compiles, self.first_step_s = [], compiles, None
-        self.compiled_before = compiles.totals()
-
-    def add(self, data_s, step_s, tokens, padding, metrics):
-        self.rows.append(
-            (
-                data_s,
-                step_s,
-                tokens,
-                padding,
-                float(metrics["loss"]),
-                float(metrics["nll"]),
-                float(metrics.get("grad_norm", math.nan)),
-            )
-        )
-
-    def flush(self, step, learning_rate) -> dict:
-        data_s, step_s, tokens, padding, loss, nll, grad_norm = np.array(self.rows).T
-        self.rows = []
-        total = data_s.sum() + step_s.sum()
-        # the logged (last) step's norm on every platform: a GPU or TPU computes it on that step alone
-        # (backends.grad_norm_every_step), so a CPU's other steps' norms are left out and the metric means one thing
-        last_norm = grad_norm[-1]
-        return {
-            "step": step,
-            "loss": float(loss.mean()),
-            "nll": float(nll.mean()),
-            "learning_rate": learning_rate,
-            **({} if np.isnan(last_norm) else {"grad_norm": float(last_norm)}),
-            "tokens_per_s": float(tokens.sum() / total),
-            "step_time_s": float(total / len(loss)),
-            "data_fraction": float(data_s.sum() / total),
-            "padding_fraction": float(padding.mean()),
-            **self._compiled_since_last(),
-        }
-
-    def _compiled_since_last(self) -> dict:
-        """XLA compiles and cache loads since the previous record; the first record also has `first_step_s`."""
-        totals, before = self.compiles.totals(), self.compiled_before
-        self.compiled_before = totals
-        since = {k: totals[k] - before[k] for k in ("compiled", "compile_s", "cache_loaded")}
-        first, self.first_step_s = self.first_step_s, None
-        return since if first is None else {**since, "first_step_s": first}
-
-
-class StopFlag:
-    """Once `catch()`-ing, SIGTERM/SIGINT set a flag; the loop saves a checkpoint and leaves at the end of the step.
-
-    The loop catches from the end of its first step: before, there is nothing to save, and a
-    signal keeps its default action, which ends the process at once even inside XLA's first
-    compile (a Python handler would run only after it, tens of seconds later).
-    """
-
-    def __init__(self):
-        self.requested, self.signum, self.previous = False, None, {}
-
-    def catch(self):
-        if not self.previous:
-            self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame):
-        self.requested, self.signum = True, signum
-
-    def restore(self):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)

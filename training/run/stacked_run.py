@@ -36,6 +36,10 @@ from training.data.prefetch import Prefetch
 from training.evaluation import dev as dev_lib
 from training.parallel import stacked
 from training.run import loop
+from training.run.divergence import all_finite, loss_watch, record_divergence
+from training.run.stopping import StopFlag, interrupted_evaluation, log_stop_during_evaluation, stopping
+from training.run.window import Window, compile_summary
+from training.run.workdir import LOCK_FILE, PREPARED_FILE, check_writable
 
 STACK_FILE = "stack.json"  # in the stack's workdir: its seeds, in order (a resume must name the same)
 STACKED_FILE = "stacked.json"  # in each seed's workdir: the stack that trains it, and its seeds
@@ -95,23 +99,23 @@ def train_stacked(
     config_lib.check_max_len(config)
     workdir, seed_dirs = Path(workdir), [Path(d) for d in seed_dirs]
     check_stack(config, seeds, seed_dirs)
-    loop.check_writable(workdir)
+    check_writable(workdir)
     configs = [seed_config(config, s) for s in seeds]
     for seed_config_, seed_dir in zip(configs, seed_dirs):
         config_lib.check_resumable(seed_config_, seed_dir / "config.json")
     check_resumable_stack(workdir, seeds)
-    if why := lock.refusal(workdir / loop.LOCK_FILE):
+    if why := lock.refusal(workdir / LOCK_FILE):
         raise lock.DirectoryInUse(why)
     cache = compile_cache.enable(config.compilation_cache_dir)
     with compile_cache.CompileCounter() as compiles:
         try:
             run = _prepare(config, configs, workdir, cache, vocab_proto, devices)
             workdir.mkdir(parents=True, exist_ok=True)
-            with lock.held(workdir / loop.LOCK_FILE):
+            with lock.held(workdir / LOCK_FILE):
                 _write_workdirs(config, configs, workdir, seed_dirs, run)
                 return _train(config, configs, seed_dirs, workdir, run, compiles, entered)
         finally:
-            logging.info("compilation in this invocation: %s", loop.compile_summary(compiles.totals()))
+            logging.info("compilation in this invocation: %s", compile_summary(compiles.totals()))
 
 
 @dataclasses.dataclass
@@ -203,7 +207,7 @@ def _write_workdirs(config, configs, workdir: Path, seed_dirs: list[Path], run: 
         files.write_atomic(directory / "config.json", c.to_json_best_effort(indent=2))
         files.write_atomic(directory / precision.RUN_INFO, json.dumps(run.run_info, indent=2))
         files.write_atomic(directory / "spm.model", run.data.vocab_proto)
-        files.write_atomic(directory / loop.PREPARED_FILE, prepared_record)
+        files.write_atomic(directory / PREPARED_FILE, prepared_record)
     for directory in seed_dirs:
         files.write_atomic(directory / STACKED_FILE, json.dumps({"stack": str(workdir), "seeds": seeds}, indent=2))
 
@@ -240,20 +244,18 @@ class _Job:
     def __init__(self, config, configs, seed_dirs, run: _Stack, ckpts, own, writers, compiles, active):
         self.config, self.configs, self.seed_dirs, self.run = config, configs, seed_dirs, run
         self.ckpts, self.own, self.writers, self.active = ckpts, own, writers, active
-        self.watches = [loop.loss_watch(c, w, None) for c, w in zip(configs, writers)]
-        self.windows = [loop.Window(compiles) for _ in configs]
+        self.watches = [loss_watch(c, w, None) for c, w in zip(configs, writers)]
+        self.windows = [Window(compiles) for _ in configs]
         self.compiles = compiles
         self.dev_metrics: list[dict | None] = [{} for _ in configs]
         self.eval_step = dev_lib.eval_step_fn(run.model)
-        self.finite = jax.jit(jax.vmap(lambda params: loop.all_finite(params)))
+        self.finite = jax.jit(jax.vmap(lambda params: all_finite(params)))
 
     def train(self, state, start: int, entered: float) -> list:
         config, run = self.config, self.run
         learning_rate = jax.jit(step_lib.learning_rate_schedule(config.optimizer, config.num_train_steps))
-        stop = loop.StopFlag()
-        redo = [
-            i for i, w in enumerate(self.writers) if self.active[i] and loop.interrupted_evaluation(config, w, start)
-        ]
+        stop = StopFlag()
+        redo = [i for i, w in enumerate(self.writers) if self.active[i] and interrupted_evaluation(config, w, start)]
         if redo:
             logging.info("the dev evaluation at step %d was interrupted: redoing it", start)
             if not self._evaluate(state, start, stop, only=redo):
@@ -273,7 +275,7 @@ class _Job:
                     logging.info(
                         "first step done %.1fs after the start; compilation so far: %s",
                         first,
-                        loop.compile_summary(self.compiles.totals()),
+                        compile_summary(self.compiles.totals()),
                     )
                 stop.catch()
                 done = step + 1
@@ -288,13 +290,13 @@ class _Job:
                     self._check_finite(state, done)
                 if evaluate_now and not self._evaluate(state, done, stop):
                     self.ckpts.save(done, self._checkpoint(state))
-                    loop.log_stop_during_evaluation(stop, done)
+                    log_stop_during_evaluation(stop, done)
                     break
                 if checkpoint_now:
                     self.ckpts.save(done, self._checkpoint(state))
                 if last and done == config.num_train_steps:
                     self._save_own(state, done)
-                if loop.stopping(config, done, out_of_time, stop.requested, stop):
+                if stopping(config, done, out_of_time, stop.requested, stop):
                     break
                 if not self.active.any():
                     logging.error("every stacked seed has diverged: stopping at step %d", done)
@@ -382,7 +384,7 @@ class _Job:
         """Seed i stops alone: masked from the next step on, its divergence recorded in its workdir."""
         self.active[i] = False
         self.dev_metrics[i] = None
-        loop.record_divergence(self.seed_dirs[i], self.watches[i].lowest, self.own[i])
+        record_divergence(self.seed_dirs[i], self.watches[i].lowest, self.own[i])
         logging.error(
             "seed %d diverged: %s; its updates are masked from here, the other seeds (%s) go on",
             self.configs[i].seed,

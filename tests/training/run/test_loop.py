@@ -23,7 +23,7 @@ from training.core import compile_cache, precision, step as step_lib
 from training.data import corpus
 from training.evaluation import evaluate
 from training.evaluation.loaded import load_run
-from training.run import loop
+from training.run import divergence, loop, window as window_lib
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -116,7 +116,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     config.optimizer.grad_clip_norm = 0.0
     # finite (validation refuses inf), but past float32's largest: the first update makes the parameters inf
     config.optimizer.learning_rate = 1e39
-    with pytest.raises(loop.NonFiniteLoss, match="not finite after step 1|loss is nan") as stopped:
+    with pytest.raises(divergence.NonFiniteLoss, match="not finite after step 1|loss is nan") as stopped:
         loop.train_and_evaluate(config, tmp_path)
     assert "no checkpoint has been saved" in str(stopped.value)  # not a 'last good checkpoint' in an empty folder
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
@@ -317,7 +317,7 @@ def test_missing_data_directory_names_the_path(tmp_path, monkeypatch):
     ],
 )
 def test_a_log_line_holds_the_logged_steps_gradient_norm_on_every_platform(norms, logged):
-    window = loop.Window(compile_cache.CompileCounter())
+    window = window_lib.Window(compile_cache.CompileCounter())
     for i, norm in enumerate(norms):
         metrics = {"loss": 3.0 + i, "nll": 2.0 + i, **({} if np.isnan(norm) else {"grad_norm": norm})}
         window.add(0.1, 0.4, 100, 0.2, metrics)

@@ -26,7 +26,7 @@ from training import checkpoints, config as config_lib
 from training.core import compile_cache, errors
 from training.core.metrics import MetricsWriter
 from training.evaluation import dev as dev_lib
-from training.run import loop
+from training.run import divergence, loop, workdir as workdir_lib
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -113,11 +113,11 @@ def test_a_run_whose_checkpoints_were_emptied_is_refused_naming_what_it_holds(tm
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "checkpoints").mkdir()  # rm -rf checkpoints/*: the folder kept
     with pytest.raises(errors.RunRefused, match=r"metrics.jsonl to step 10.*no checkpoint.*--restart.*new --workdir"):
-        loop.check_history(tmp_path)
+        workdir_lib.check_history(tmp_path)
     (tmp_path / "metrics.jsonl").unlink()
     (tmp_path / "checkpoints" / "damaged" / "10").mkdir(parents=True)  # every checkpoint was set aside
     with pytest.raises(errors.RunRefused, match=r"checkpoints/damaged/"):
-        loop.check_history(tmp_path)
+        workdir_lib.check_history(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_what_a_killed_start_leaves_is_not_a_run(tmp_path, left):
             (tmp_path / name).mkdir()
         else:
             (tmp_path / name).write_text("")
-    loop.check_history(tmp_path)  # no error: the same command starts the run
+    workdir_lib.check_history(tmp_path)  # no error: the same command starts the run
 
 
 def test_dropping_metrics_records_says_so(tmp_path, caplog):
@@ -150,14 +150,14 @@ def test_dropping_metrics_records_says_so(tmp_path, caplog):
 
 
 def test_a_loss_far_above_the_running_loss_is_divergence():
-    watch = loop.LossWatch(10.0)
+    watch = divergence.LossWatch(10.0)
     for loss in (5.7, 5.6, 5.0, 9.0, 4.0):  # noise, even a 2x bump, is not
         assert watch.check(loss) is None
     assert "above config.divergence_factor (10)" in watch.check(397.0)
     assert watch.check(float("nan")) == "loss is nan"
-    off = loop.LossWatch(0.0)
+    off = divergence.LossWatch(0.0)
     assert off.check(5.0) is None and off.check(1e6) is None and off.check(float("inf")) == "loss is inf"
-    resumed = loop.LossWatch(10.0, lowest=2.0)  # a resume starts from the lowest logged loss
+    resumed = divergence.LossWatch(10.0, lowest=2.0)  # a resume starts from the lowest logged loss
     assert resumed.check(25.0) is not None
 
 
@@ -232,7 +232,7 @@ def test_os_errors_and_refusals_are_one_line(capsys, monkeypatch):
     assert exit_.value.code == "train.py: error: /some/workdir/config.json: Permission denied"
 
     def diverged():
-        raise loop.NonFiniteLoss("loss is nan at step 3; stopping without saving: no checkpoint has been saved")
+        raise divergence.NonFiniteLoss("loss is nan at step 3; stopping without saving: no checkpoint has been saved")
 
     with pytest.raises(SystemExit) as exit_:
         errors.run_reporting_user_errors("train.py", diverged)
@@ -383,7 +383,7 @@ def test_eval_reads_a_damaged_workdir_in_use_without_writing_and_says_which_step
     shutil.rmtree(workdir / "best")  # so the damaged latest is what it falls back from
     holder = subprocess.Popen(["sleep", "3600"])  # a live train.py holds the workdir until killed below
     try:
-        (workdir / loop.LOCK_FILE).write_text(f"{socket.gethostname()}:{holder.pid}")
+        (workdir / workdir_lib.LOCK_FILE).write_text(f"{socket.gethostname()}:{holder.pid}")
         before = tree(workdir)
         hypotheses = tmp_path / "hyps.txt"
         result = eval_py(workdir, "--split=val", f"--hypotheses={hypotheses}")

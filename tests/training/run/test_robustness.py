@@ -13,7 +13,7 @@ import pytest
 
 from tiny import train_config as tiny_config, train_flags as tiny_flags
 from training.data import corpus
-from training.run import loop
+from training.run import divergence, loop
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_a_loss_too_large_for_its_perplexity_stops_the_run_naming_the_last_good_
     config.eval_every_steps = config.checkpoint_every_steps = 1
     config.eval.bleu_examples = 1
     with pytest.raises(
-        loop.NonFiniteLoss, match=r"dev loss 50000 at step 2 .*last good checkpoint is step 1 in .*checkpoints"
+        divergence.NonFiniteLoss, match=r"dev loss 50000 at step 2 .*last good checkpoint is step 1 in .*checkpoints"
     ):
         loop.train_and_evaluate(config, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [

@@ -22,7 +22,7 @@ from training.core import files
 from training.core.errors import RunRefused
 from training.evaluation.loaded import load_run
 from training.parallel import stacked
-from training.run import loop, stacked_run
+from training.run import divergence, loop, stacked_run
 from sweeps import launch, schema
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -124,7 +124,7 @@ def assert_same_but_times(a: list[dict], b: list[dict]) -> None:
 def test_a_diverged_seed_stops_alone_and_the_others_train_as_before(trained, tmp_path, monkeypatch):
     root, vocab, _ = trained
     made = []
-    original = loop.loss_watch
+    original = stacked_run.loss_watch
 
     def watch(*args):
         made.append(original(*args))
@@ -132,12 +132,12 @@ def test_a_diverged_seed_stops_alone_and_the_others_train_as_before(trained, tmp
             made[-1].check = lambda loss, calls=[]: calls.append(loss) or ("loss is nan" if len(calls) == 2 else None)
         return made[-1]
 
-    monkeypatch.setattr(stacked_run.loop, "loss_watch", watch)
+    monkeypatch.setattr(stacked_run, "loss_watch", watch)
     dirs = [tmp_path / f"seed{s}" for s in SEEDS]
     result = stacked_run.train_stacked(config(), SEEDS, tmp_path, dirs, vocab_proto=vocab)
     assert result[1] is None and result[0]["step"] == 6
     assert [r["step"] for r in records(dirs[1])] == [1]  # logged until it diverged at step 2
-    assert (dirs[1] / loop.DIVERGED_FILE).is_file()
+    assert (dirs[1] / divergence.DIVERGED_FILE).is_file()
     assert_same_but_times(records(dirs[0]), records(root / "stack" / "seed0"))  # seed 0 trained exactly as before
     jax.tree.map(np.testing.assert_array_equal, params_of(dirs[0]), params_of(root / "stack" / "seed0"))
 
