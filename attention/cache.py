@@ -4,7 +4,7 @@ A `KVCache` holds the keys `[batch..., G, max_length, d_k]` and values `[batch..
 d_v]`, heads first (`LAYOUT`, "BNTH"): the layout attention computes in (`attention.core`), in
 which a decode step reads each KV head's cache contiguously. The layout is chosen here and the
 transpose done here, once, as new keys/values `[batch..., L_new, G, D]` (Flax's, "BTNH") are written;
-`Read` hands the cache to attention as it is stored, and the faces call `attention.attend` with
+`CacheRead` hands the cache to attention as it is stored, and the faces call `attention.attend` with
 `kv_layout=LAYOUT`. Flax's own layout made decode steps several times slower on XLA:CPU
 (results/code_choices.md).
 It also holds the write `index`, and, under beam search, the `beam_rows` table (`attention.beams`). The index
@@ -48,13 +48,13 @@ LAYOUT = "BNTH"  # keys/values `[batch..., G, max_length, D]` (`attention.core.K
 
 
 @struct.dataclass
-class _ReadTable:
+class _TableReadInPlace:
     """A beam table as a layer that read its cache through it stores it back: its cache was never reordered."""
 
     rows: jax.Array
 
 
-class Read(NamedTuple):
+class CacheRead(NamedTuple):
     """What attention reads after a decode step."""
 
     key: jax.Array  # [batch..., G, max_length, d_k]: the cache, in its `LAYOUT` (each beam's own history,
@@ -104,15 +104,15 @@ class KVCache:
             key=variables[_NAMES["key"]],
             value=variables[_NAMES["value"]],
             index=variables[_NAMES["index"]],
-            beam_rows=table.rows if isinstance(table, _ReadTable) else table,
-            reads_beam_rows=isinstance(table, _ReadTable),
+            beam_rows=table.rows if isinstance(table, _TableReadInPlace) else table,
+            reads_beam_rows=isinstance(table, _TableReadInPlace),
         )
 
     def store(self) -> dict[str, Any]:
         """`{variable name: value}`: the arrays under Flax's names, and the table if there is one."""
         stored: dict[str, Any] = {_NAMES[name]: getattr(self, name) for name in ("key", "value", "index")}
         if self.beam_rows is not None:
-            stored[_NAMES["beam_rows"]] = _ReadTable(self.beam_rows) if self.reads_beam_rows else self.beam_rows
+            stored[_NAMES["beam_rows"]] = _TableReadInPlace(self.beam_rows) if self.reads_beam_rows else self.beam_rows
         return stored
 
     @classmethod
@@ -182,14 +182,14 @@ class KVCache:
         lengths: jax.Array | None = None,
         formulation: Formulation | None = None,
         beams_in_place: bool = False,
-    ) -> tuple[KVCache, Read]:
+    ) -> tuple[KVCache, CacheRead]:
         """Append key `[batch..., L_new, G, d_k]` / value `[batch..., L_new, G, d_v]` at `index`.
 
         mask: the caller's, broadcastable to `[batch..., H, L_new, max_length]`, bool or numeric.
         lengths: the real new tokens per sequence, int `[batch...]` (default L_new; needs a
         per-sequence `index`). The write is `formulation.write_cache` (`attention.head`).
         Under beam search (a `beam_rows` table) the cache rows hold the beams' histories spread
-        out: read in place (`Read.beam_rows`) if `beams_in_place`, else gathered into each beam's
+        out: read in place (`CacheRead.beam_rows`) if `beams_in_place`, else gathered into each beam's
         own keys/values. -> (the cache to store, what attention reads).
         """
         batch, max_length, G, new_length = self.batch, self.max_length, self.num_kv_heads, key.shape[-3]
@@ -203,7 +203,7 @@ class KVCache:
         written = resolve(formulation).write_cache(self, key, value)
         mask = and_masks(causal_mask(self.index, new_length, max_length), mask)
         new = dataclasses.replace(written, index=self.index + advance, reads_beam_rows=self.beam_rows is not None)
-        read = Read(new.key, new.value, mask, self.index, None)
+        read = CacheRead(new.key, new.value, mask, self.index, None)
         if self.beam_rows is None:
             return new, read
         beams.check_rows(self.beam_rows, batch, max_length)

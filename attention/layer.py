@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from attention import beams, family
-from attention.cache import CROSS_KV, LAYOUT, KVCache, Read, cross_kv
+from attention.cache import CROSS_KV, LAYOUT, KVCache, CacheRead, cross_kv
 from attention.core import attend, check_layer_settings, relayout
 from attention.family import layer_call
 from attention.geometry import HeadGeometry
@@ -331,7 +331,7 @@ class MultiHeadAttention(nn.Module):
         fill = self.is_mutable_collection("cache") and not self.is_initializing()
         return cross_kv(stored, project_kv, functools.partial(self.put_variable, "cache") if fill else None)
 
-    def _decode_step(self, key, value, mask, beams_in_place, lengths=None) -> Read | None:
+    def _decode_step(self, key, value, mask, beams_in_place, lengths=None) -> CacheRead | None:
         """The `cache` collection's `KVCache`: created at `init` (sized by its inputs; None: nothing to read yet),
         else stepped with key `[batch..., L_new, G, d_k]` and value (`KVCache.step`) -> what attention reads."""
         cache = KVCache.load(self.variables.get("cache", {}))

@@ -52,17 +52,17 @@ def member(attention_type: str) -> Member | None:
 
 def family_member(attention_type: str) -> Member:
     """`member(attention_type)` for a family member: a ValueError for "softmax" (the layer's own attention) too."""
-    spec = member(attention_type)
-    if spec is None:
+    variant = member(attention_type)
+    if variant is None:
         raise ValueError(f"attention_type = {attention_type!r} is the layer's exact attention, not a family member")
-    return spec
+    return variant
 
 
 def check_options(attention_type: str, options) -> dict:
     """`options` (a mapping or None) as a dict, once checked against the member's fields."""
     options = dict(options or {})
-    spec = member(attention_type)
-    allowed = () if spec is None else options_of(spec.module)
+    variant = member(attention_type)
+    allowed = () if variant is None else options_of(variant.module)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(
@@ -91,32 +91,33 @@ def check_call(
 
     `owner` names the layer class in the ValueError; `values_are_keys`: inputs_v is inputs_k.
     """
-    spec = family_member(attention_type)
+    variant = family_member(attention_type)
     problems = [
         (attention_fn is not None, "attention_fn", "None (a user attention_fn replaces softmax only)"),
         (dropout_rate > 0.0, "dropout_rate", "0.0 (the family members have no attention dropout)"),
         (sow_weights, "sow_weights", "False (the family members expose no weights)"),
-        (not spec.cross and not is_self, "inputs_k", "None: self-attention only"),
-        (causal and not spec.causal, "is_causal", "False: the member cannot be causal (nor decode)"),
-        (decode and spec.decode is None, "decode", "False: the member has no decoding"),
+        (not variant.cross and not is_self, "inputs_k", "None: self-attention only"),
+        (causal and not variant.causal, "is_causal", "False: the member cannot be causal (nor decode)"),
+        (decode and variant.decode is None, "decode", "False: the member has no decoding"),
         (
-            not spec.grouped and geometry.num_kv_heads != geometry.num_heads,
+            not variant.grouped and geometry.num_kv_heads != geometry.num_heads,
             "num_kv_heads",
             f"None or num_heads ({geometry.num_heads}): the member has no GQA/MQA",
         ),
-        ((spec.projects or spec.shared_qk) and fused_qkv, "fused_qkv", "False: the member projects differently"),
-        (spec.projects and normalize_qk, "normalize_qk", "False: the member makes its own q/k"),
-        (spec.projects and not values_are_keys, "inputs_v", "None or inputs_k: keys and values share a latent"),
+        ((variant.projects or variant.shared_qk) and fused_qkv, "fused_qkv", "False: the member projects differently"),
+        (variant.projects and normalize_qk, "normalize_qk", "False: the member makes its own q/k"),
+        (variant.projects and not values_are_keys, "inputs_v", "None or inputs_k: keys and values share a latent"),
     ]
     for bad, field, expected in problems:
         if bad:
             raise ValueError(f"{owner}.{field} with attention_type={attention_type!r}; expected {expected}")
-    return spec
+    return variant
 
 
-def check_state_decode(attention_type: str, spec: Member, *, decode: bool, in_decode_mode: bool, lengths) -> None:
-    """A member with its own decode state (`spec.decode == "state"`) decodes in that mode only, one position for all."""
-    if spec.decode == "state" and decode != in_decode_mode:
+def check_state_decode(attention_type: str, variant: Member, *, decode: bool, in_decode_mode: bool, lengths) -> None:
+    """A member with its own decode state (`variant.decode == "state"`) decodes in that mode only, one position
+    for all."""
+    if variant.decode == "state" and decode != in_decode_mode:
         raise ValueError(
             f"decode=True with attention_type={attention_type!r} needs the member's state: call "
             "init_cache(input_shape) or nnx.view(layer, decode=True, batch_size=..., max_length=...) "
@@ -153,10 +154,12 @@ def instantiate(attention_type: str, options: dict, **layer_values):
 
 def supports(attention_type: str, *, causal: bool = False, cross: bool = False, decode: bool = False) -> bool:
     """Whether the member can serve an attention sublayer with these needs ("softmax" serves all)."""
-    spec = member(attention_type)
-    if spec is None:
+    variant = member(attention_type)
+    if variant is None:
         return True
-    return (spec.causal or not causal) and (spec.cross or not cross) and (spec.decode is not None or not decode)
+    return (
+        (variant.causal or not causal) and (variant.cross or not cross) and (variant.decode is not None or not decode)
+    )
 
 
 def cache_elements_per_token(attention_type: str, geometry, options=None) -> int | None:
@@ -166,12 +169,12 @@ def cache_elements_per_token(attention_type: str, geometry, options=None) -> int
     its latent d_c; Performer none: its state, G m (d_v + 2) (numerator, denominator and the
     running shift), does not grow.
     """
-    spec = member(attention_type)
-    if spec is None or spec.decode == "kv_cache":
+    variant = member(attention_type)
+    if variant is None or variant.decode == "kv_cache":
         return geometry.kv_cache_elements
-    if spec.module is MLA:
+    if variant.module is MLA:
         return check_options(attention_type, options).get("latent_dim") or 4 * geometry.head_dim
-    return 0 if spec.decode == "state" else None
+    return 0 if variant.decode == "state" else None
 
 
 __all__ = [

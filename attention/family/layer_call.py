@@ -94,7 +94,7 @@ def family_heads(
 
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v), k and v in `kv_layout` (a kept
     cross source's `attention.cache.LAYOUT`, else Flax's); `use_cache(k, v, mask, beams_in_place)` ->
-    `attention.cache.Read` (None at the Linen layer's init), for members decoding over the layer's KV
+    `attention.cache.CacheRead` (None at the Linen layer's init), for members decoding over the layer's KV
     cache. Those members take `kv_layout` and read K/V as they come; the others take Flax's layout.
     """
     batch = inputs[0].shape[:-2]

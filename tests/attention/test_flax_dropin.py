@@ -117,6 +117,49 @@ def test_flax_linen_attention_tests_pass_with_our_layer(tmp_path):
     assert not failing, "\n\n".join(f"{t}:\n{text}" for t, text in failing.items())
 
 
+@contextlib.contextmanager
+def nnx_layer_swapped(swap):
+    """`flax.nnx.MultiHeadAttention` replaced by ours (when `swap`), as a user's import swap does."""
+    from flax import nnx
+
+    flaxs = nnx.MultiHeadAttention
+    if swap:
+        nnx.MultiHeadAttention = attention.nnx.MultiHeadAttention
+    try:
+        yield
+    finally:
+        nnx.MultiHeadAttention = flaxs
+
+
+# Flax's NNX tests that read the KV cache's layout, `[batch, max_length, G, D]`; ours is heads-first on purpose
+NNX_CACHE_LAYOUT_TESTS = ("test_autoregressive_decode_with_x64", "test_gqa_multihead_attention")
+
+
+@needs_snapshot
+def test_flax_nnx_attention_tests_pass_with_our_layer_but_the_cache_layouts(tmp_path):
+    module = snapshot_module(tmp_path, "tests/nnx/nn/attention_test.py")
+    outcomes = {}
+    for swap in (False, True):
+        suite = unittest.defaultTestLoader.loadTestsFromModule(module)
+        outcome = {test.id(): None for test in _tests(suite)}
+        result = unittest.TestResult()
+        with nnx_layer_swapped(swap), jax.numpy_rank_promotion("allow"), warnings.catch_warnings():
+            suite.run(result)
+        for test, text in result.failures + result.errors:
+            outcome[test.id()] = text
+        outcomes[swap] = outcome
+    with_flax, with_ours = outcomes[False], outcomes[True]
+    required = [t for t, failure in with_flax.items() if not failure]
+    failing = sorted(t for t in required if with_ours[t])
+    print(
+        f"\nflax nnx attention_test ({SNAPSHOT_REF}): {len(with_flax)} tests; Flax's layer passes {len(required)}, "
+        f"ours passes {sum(not f for f in with_ours.values())}; failing with ours: {failing}"
+    )
+    assert len(with_flax) >= 100, "the snapshot's NNX attention test file shrank; check FLAX_GIT_DIR/REF"
+    unexpected = [t for t in failing if not t.rsplit(".", 1)[-1].startswith(NNX_CACHE_LAYOUT_TESTS)]
+    assert not unexpected, "\n\n".join(f"{t}:\n{with_ours[t]}" for t in unexpected)
+
+
 def wmt_setup(tmp_path, **overrides):
     """Flax's examples/wmt Transformer (small), padded inputs/targets, and Flax's parameters."""
     models = snapshot_module(tmp_path, "examples/wmt/models.py")

@@ -25,3 +25,15 @@ def test_the_documented_api_is_all():
 def test_the_version_is_setup_cfgs():
     assert re.fullmatch(r"\d+\.\d+\.\d+", attention.__version__)
     assert "version = attr: attention.__version__" in (ROOT / "setup.cfg").read_text()
+
+
+def test_a_moved_module_still_resolves_its_names_with_a_deprecation_warning():
+    import pytest
+
+    import attention.formulation as moved
+    from attention import head
+
+    with pytest.warns(DeprecationWarning, match=r"attention\.formulation\.Formulation moved to attention\.head"):
+        assert moved.Formulation is head.Formulation is attention.Formulation
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        moved.nothing

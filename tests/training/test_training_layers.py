@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Top to bottom; the units of one layer do not import each other.
 LAYERS = (
-    # loop.py: one training run, top to bottom; aot.py: its programs compiled for a target; nothing in training/
-    # imports them
+    # loop.py: one training run, top to bottom, on its helpers (workdir, divergence, stopping, window); aot/: its
+    # programs compiled for a target; nothing in training/ imports them
     ("run",),
     ("evaluation",),  # a trained run read back: dev loss and BLEU, eval.py's work, decoding
     # the validated config and the model it implies; saved train states; the training split prepared once
