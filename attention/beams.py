@@ -1,25 +1,11 @@
 """Beam search's self-attention over a decode cache that is never reordered.
 
-Beam k's hypothesis is spread over its source's K cache rows: its position p sits in the row of
-the beam that fed that token, `beam_rows[b, k, p]` (a table beam search keeps and hands to each
-layer's `attention.cache.KVCache`). A step writes each fed token's keys/values into its own row, as
-any decode step does, and beam search reorders only that `[B, K, L]` table. Reordering the cache
-itself copied every layer's keys and values every step (1.24x a float32 beam-4 step,
-bench/decode_ablation.py).
-
-A cache a layer read through the table says so (`KVCache.reads_beam_rows`); beam search keeps such
-caches in place and reorders every other one as before (`KVCache.reorder`: a layer that ignores the
-table, such as Flax's own attention, still gets each beam's cache moved to its row).
-
-`history_attention` scores each beam's queries against all K rows of its source at once and masks
-the positions off its history: the cache is read once, in place, as one `[K Lq R, L]` product per
-row, source and KV head (K times the multiply-adds of a beam's own, at the same memory traffic;
-float32 beam-4 decoding went from 1.88x to 2.02x Flax's examples/wmt, results/peer.md section 6).
-It follows `attention.head`'s conventions (float32 logits and softmax, masked logits at
-`finfo.min`), and equals `attention.attend` over `gather_history`'s keys and values up to the
-order of float sums; a `bias` on the logits serves members that weight positions (span).
-`gather_history` is the general path: it copies out each beam's history (as the reorder did) for
-every attention that `history_attention` does not serve.
+Beam k's position p sits in the cache row of the beam that fed that token, `beam_rows[b, k, p]`, a
+table beam search keeps and reorders in place of every layer's keys and values (results/peer.md,
+section 6, and bench/decode_ablation.py measure both). `history_attention` reads a source's rows
+once, in place, masking the positions off each beam's history; it equals `attention.attend` over
+`gather_history`'s keys and values up to the order of float sums. `gather_history` copies each
+beam's history out, for the attentions `history_attention` does not serve.
 """
 
 from __future__ import annotations

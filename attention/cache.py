@@ -1,25 +1,10 @@
 """The decode cache: `KVCache`, the one typed state both faces decode through.
 
-A `KVCache` holds the keys `[batch..., G, max_length, d_k]` and values `[batch..., G, max_length,
-d_v]`, heads first (`LAYOUT`, "BNTH"): the layout attention computes in (`attention.core`), in
-which a decode step reads each KV head's cache contiguously. The layout is chosen here and the
-transpose done here, once, as new keys/values `[batch..., L_new, G, D]` (Flax's, "BTNH") are written;
-`CacheRead` hands the cache to attention as it is stored, and the faces call `attention.attend` with
-`kv_layout=LAYOUT`. Flax's own layout made decode steps several times slower on XLA:CPU
-(results/code_choices.md).
-It also holds the write `index`, and, under beam search, the `beam_rows` table (`attention.beams`). The index
-holds the next free position: one for the whole batch (`[]`, the Linen layer's, as Flax's) or one
-per sequence (`[batch...]`, the NNX layer's), so a batch of prompts of different lengths decodes
-together. Sequence b's new tokens land at `index[b], index[b] + 1, ...`; positions outside the
-cache are dropped, never clamped onto other entries. Its query at absolute position p sees cached
-keys <= p, exactly the keys the full causal pass shows it. A shared index writes with
-`dynamic_update_slice` (in place under donation, as Flax's cache), a per-sequence one with a
-scatter; both follow that one rule (tests/attention/test_cache.py).
-
-The faces only load a `KVCache` from their variables and store it back (`KVCache.load`,
-`KVCache.store`, under Flax's names `cached_key`, `cached_value`, `cache_index`); `KVCache.step`
-is the decode call. Beam search reaches the caches of a model's `cache` collection through
-`KVCache.typed` / `KVCache.untyped` and reorders them with `KVCache.reorder` (`models.decoding`).
+It holds the keys and values heads first, `[batch..., G, max_length, D]` (`LAYOUT`), the layout
+attention reads them in, and the write `index`: one position for the batch or one a sequence. A
+decode step (`KVCache.step`) writes the new keys and values and returns what attention reads
+(`CacheRead`); a query at position p sees the cached keys <= p, as in the full causal pass.
+docs/attention.md ("The decode cache") tells the rules and why the layout was chosen.
 """
 
 from __future__ import annotations

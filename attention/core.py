@@ -23,14 +23,14 @@ import functools
 import inspect
 import logging
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from attention.geometry import is_positive_int
-from attention.head import PLAIN, Formulation, is_nvidia_gpu, resolve
+from attention.head import Formulation, Options, is_nvidia_gpu, resolve
 from attention.impl import IMPLEMENTATIONS
 from attention.impl.blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from attention.masks import as_bool_mask, check_float_like, normalize_window
@@ -257,20 +257,6 @@ def _log_choice(impl, reason):
 
 
 # --- the grouped layout ------------------------------------------------------------------------------
-
-
-class Options(NamedTuple):
-    """What an implementation needs besides the arrays; checked by `attention.attend`."""
-
-    is_causal: bool
-    window: tuple[int, int] | None  # (left, right)
-    dropout_rate: float  # 0.0 when dropout is off
-    dropout_rng: jax.Array | None  # None when dropout is off
-    broadcast_dropout: bool
-    precision: Any
-    block_q: int
-    block_k: int
-    formulation: Any = PLAIN  # attention.head.Formulation: how the products are spelled
 
 
 KV_LAYOUTS = ("BTNH", "BNTH")  # K/V `[batch..., Lk, G, D]` (Flax's) or `[batch..., G, Lk, D]` (the cache's)

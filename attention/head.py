@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,36 +61,6 @@ def dropout_multiplier(rate, rng, broadcast, logits_shape, dtype):
     shape = (1,) * (len(logits_shape) - 2) + tuple(logits_shape[-2:]) if broadcast else logits_shape
     keep = jax.random.bernoulli(rng, keep_prob, shape)
     return keep.astype(dtype) / jnp.asarray(keep_prob, dtype=dtype)
-
-
-def vmapped(q, k, v, mask, bias, options):
-    """`impl="vmap"`: `attention_head` mapped over the query heads of a group, the groups, the batch.
-
-    The implementations' signature (`attention.core`): q `[B, Lq, G, R, d_k]`, k/v `[B, G, Lk, D]`. At the
-    innermost level K/V are mapped with `in_axes=None`: the R query heads of a group share their KV head, so
-    GQA/MQA never materialise repeated K/V.
-    """
-    (B, Lq, G, R, _), Lk = q.shape, k.shape[2]
-    mask = with_structure(mask, options, Lq, Lk)
-    keep = dropout_multiplier(
-        options.dropout_rate, options.dropout_rng, options.broadcast_dropout, (B, G, R, Lq, Lk), v.dtype
-    )
-    extras = (mask, bias, keep)
-    # per mapped level (batch, group, head in group): map a real axis, broadcast a size-1 one
-    level_axes = [tuple(None if x is None or x.shape[level] == 1 else 0 for x in extras) for level in range(3)]
-    scores, mix = products(options.formulation, options.precision)
-    fn = functools.partial(attention_head, scores=scores, mix=mix)
-    fn = jax.vmap(fn, in_axes=(1, None, None, *level_axes[2]), out_axes=(1, 0))
-    fn = jax.vmap(fn, in_axes=(1, 0, 0, *level_axes[1]), out_axes=(1, 0))
-    fn = jax.vmap(fn, in_axes=(0, 0, 0, *level_axes[0]), out_axes=(0, 0))
-    return fn(q, k, v, *(_drop_broadcast_axes(x) for x in extras))
-
-
-def _drop_broadcast_axes(x):
-    """Remove the size-1 axes among the three mapped leading axes (they are not mapped)."""
-    if x is None:
-        return None
-    return x.reshape(*(s for s in x.shape[:3] if s != 1), *x.shape[3:])
 
 
 # --- how the products are spelled ---------------------------------------------------------------------
@@ -196,3 +166,50 @@ def resolve(formulation: Formulation | None) -> Formulation:
     if not isinstance(formulation, Formulation):
         raise ValueError(f"formulation = {formulation!r}; expected None or an attention.Formulation")
     return formulation
+
+
+# --- the formula vmapped: impl="vmap" ----------------------------------------------------------------
+
+
+class Options(NamedTuple):
+    """What every implementation (`attention.core`) takes besides the arrays; checked by `attention.attend`."""
+
+    is_causal: bool
+    window: tuple[int, int] | None  # (left, right)
+    dropout_rate: float  # 0.0 when dropout is off
+    dropout_rng: jax.Array | None  # None when dropout is off
+    broadcast_dropout: bool
+    precision: Any
+    block_q: int
+    block_k: int
+    formulation: Any = PLAIN  # attention.head.Formulation: how the products are spelled
+
+
+def vmapped(q, k, v, mask, bias, options):
+    """`impl="vmap"`: `attention_head` mapped over the query heads of a group, the groups, the batch.
+
+    The implementations' signature (`attention.core`): q `[B, Lq, G, R, d_k]`, k/v `[B, G, Lk, D]`. At the
+    innermost level K/V are mapped with `in_axes=None`: the R query heads of a group share their KV head, so
+    GQA/MQA never materialise repeated K/V.
+    """
+    (B, Lq, G, R, _), Lk = q.shape, k.shape[2]
+    mask = with_structure(mask, options, Lq, Lk)
+    keep = dropout_multiplier(
+        options.dropout_rate, options.dropout_rng, options.broadcast_dropout, (B, G, R, Lq, Lk), v.dtype
+    )
+    extras = (mask, bias, keep)
+    # per mapped level (batch, group, head in group): map a real axis, broadcast a size-1 one
+    level_axes = [tuple(None if x is None or x.shape[level] == 1 else 0 for x in extras) for level in range(3)]
+    scores, mix = products(options.formulation, options.precision)
+    fn = functools.partial(attention_head, scores=scores, mix=mix)
+    fn = jax.vmap(fn, in_axes=(1, None, None, *level_axes[2]), out_axes=(1, 0))
+    fn = jax.vmap(fn, in_axes=(1, 0, 0, *level_axes[1]), out_axes=(1, 0))
+    fn = jax.vmap(fn, in_axes=(0, 0, 0, *level_axes[0]), out_axes=(0, 0))
+    return fn(q, k, v, *(_drop_broadcast_axes(x) for x in extras))
+
+
+def _drop_broadcast_axes(x):
+    """Remove the size-1 axes among the three mapped leading axes (they are not mapped)."""
+    if x is None:
+        return None
+    return x.reshape(*(s for s in x.shape[:3] if s != 1), *x.shape[3:])

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention.family.member import LayerFilled
-from attention.core import Options, group_heads, to_grouped
+from attention.core import group_heads, to_grouped
+from attention.head import Options
 from attention.impl import blockwise
 
 

@@ -22,17 +22,15 @@ as the dense softmax over constant logits does. Dropout draws its keep-mask per 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from attention.head import Options
 from attention.masks import allowed_by_position
-
-if TYPE_CHECKING:  # attention.core imports this module for its table
-    from attention.core import Options
 
 # 256 x 256: the fastest forward and near-best forward+backward at N = 2048 (results/code_choices.md).
 DEFAULT_BLOCK_Q = 256

@@ -114,6 +114,16 @@ def test_no_back_arrows_and_no_cycles_inside_training():
     assert {layer_of(m) for m in graph["training.run.loop"]} == set(range(len(LAYERS)))
 
 
+def test_no_import_cycle_in_any_package():
+    # the attention library included: its core imports the implementations' table, which must not import it back
+    modules = {}
+    for package in ("attention", "models", "backends", "training", "sweeps", "analysis", "bench"):
+        modules.update(module_paths(package))
+    graph = import_graph(modules)
+    assert "attention.impl" in graph["attention.core"]  # the scan sees the edge a cycle would close
+    assert cycles(graph) == []
+
+
 def test_the_checks_find_a_back_arrow_and_a_cycle():
     # a hand-made graph: the step reaching up into the loop, and two utilities importing each other
     graph = {

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attention
-from attention.core import Options
+from attention.head import Options
 from attention.impl import jax_nn
 
 ON_GPU = jax.default_backend() == "gpu"
