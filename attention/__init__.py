@@ -4,7 +4,7 @@ The public surface is `__all__` (docs/attention.md, "Public API"); a name leaves
 release in which using it warns (`DeprecationWarning`, naming its replacement).
 """
 
-__version__ = "0.2.0"  # the distribution's version (setup.cfg reads it); 0.2.0: the library installs alone
+__version__ = "0.3.0"  # the distribution's version (setup.cfg reads it); 0.3.0: the faces read top to bottom
 
 from attention.core import IMPLS, attend, choose_impl, dot_product_attention
 from attention.head import Formulation

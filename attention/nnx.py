@@ -284,7 +284,7 @@ class MultiHeadAttention(DecodeState, nnx.Module):
             read = None
             if steps_state:  # the KV cache, set up by init_cache / nnx.view; its mask is causal, at each offset
                 in_place = self.attention_fn is None and not sow_weights and bool(deterministic)
-                read = self._use_cache(key, value, mask, lengths, in_place)
+                read = self._decode_step(key, value, mask, lengths, in_place)
                 key, value, mask, is_causal, kv_layout = read.key, read.value, read.mask, False, LAYOUT
             options = dict(
                 mask=mask,
@@ -394,12 +394,12 @@ class MultiHeadAttention(DecodeState, nnx.Module):
         member = getattr(self, name)
         own_state = variant.decode == "state" and member.to_nnx__module.decode
         family.check_state_decode(name, variant, decode=decode, in_decode_mode=own_state, lengths=lengths)
-        use_cache = lambda k, v, m, in_place: self._use_cache(k, v, m, lengths, in_place)
+        decode_step = lambda k, v, m, in_place: self._decode_step(k, v, m, lengths, in_place)
         return layer_call.family_heads(
             variant,
             member,
             project,
-            use_cache,
+            decode_step,
             inputs,
             mask,
             num_heads=self.num_heads,

@@ -117,7 +117,7 @@ class DecodeState(Settings):
             )
         self._allocate((batch_size,) if isinstance(batch_size, int) else tuple(batch_size), max_length, self.dtype)
 
-    def _use_cache(self, key, value, mask, lengths, beams_in_place=False):
+    def _decode_step(self, key, value, mask, lengths, beams_in_place=False):
         """One `KVCache.step` over the cache attributes -> what attention reads (`cache.CacheRead`).
 
         A `beam_rows` table, if the caller set one, is read as the Linen layer reads its cache's: in place

@@ -7,7 +7,8 @@ each tree gets one worker process started inside it (its own `attention`, `model
 Python puts the working directory first on `sys.path`), which compiles, for this host's CPU, `attend`
 with each CPU implementation, a Linen and an NNX decode step (GQA 8/2, the XLA:CPU backend's
 formulation), a toy Transformer's greedy and beam search and train gradient, and the small model's
-beam search (beam 4, 20 sources, 63 steps; Multi30k's vocabulary) in float32 and bfloat16. Each
+beam search (beam 4, 20 sources, 63 steps; Multi30k's vocabulary) and train step (the training loop's
+trainer on the shortest bucket of the first 3,000 training pairs) in float32 and bfloat16. Each
 program's optimized HLO is stripped of metadata, source locations and instruction numbers and hashed;
 the table prints both trees' hashes and instruction counts and whether they agree.
 """
@@ -30,7 +31,7 @@ from flax import nnx
 import attention
 import attention.nnx
 from backends import xla_cpu
-from bench.lib import SIZES, corpus_vocab
+from bench.lib import SIZES, Ours, corpus_vocab, our_config
 from configs import default
 from models import Transformer, TransformerConfig, beam_search, greedy_decode
 from training import config as config_lib
@@ -78,6 +79,14 @@ for dtype in ("float32", "bfloat16"):
     small_params = jax.jit(small.init)(jax.random.key(0), tokens, tokens)["params"]
     search = jax.jit(lambda p, s: beam_search(small, p, s, beam_size=4, alpha=0.6, max_len=63)[0])
     out[f"small beam search {dtype}"] = stripped(search.lower(small_params, jnp.ones((20, 32), jnp.int32)).compile())
+train, _ = corpus_vocab(config)
+src_ids, tgt_ids = vocab.encode(list(train.src[:3000])), vocab.encode(list(train.tgt[:3000]))
+for dtype in ("float32", "bfloat16"):  # the training loop's trainer, as bench/code_choices.py measures it
+    ours = Ours(our_config("small", dtype, {}), vocab, src_ids, tgt_ids, 1)
+    shape = min(ours.batches)
+    batch = ours.trainer.put_batch(ours.batches[shape][0])
+    lowered = ours.trainer.step_fn.lower(ours.state, batch, ours.rng)
+    out[f"small train step {dtype} {shape}"] = stripped(lowered.compile())
 print(json.dumps(out))
 """
 

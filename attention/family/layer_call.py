@@ -80,7 +80,7 @@ def family_heads(
     variant,
     member: Callable,
     project: Callable,
-    use_cache: Callable,
+    decode_step: Callable,
     inputs: tuple,
     mask: jax.Array | None,
     *,
@@ -93,7 +93,7 @@ def family_heads(
     """Heads `[batch..., Lq, H, d_v]` from a family member (`variant`, `check_member_call`).
 
     `project(inputs_q, inputs_k, inputs_v, shared_qk=)` -> (q, k, v), k and v in `kv_layout` (a kept
-    cross source's `attention.cache.LAYOUT`, else Flax's); `use_cache(k, v, mask, beams_in_place)` ->
+    cross source's `attention.cache.LAYOUT`, else Flax's); `decode_step(k, v, mask, beams_in_place)` ->
     `attention.cache.CacheRead` (None at the Linen layer's init), for members decoding over the layer's KV
     cache. Those members take `kv_layout` and read K/V as they come; the others take Flax's layout.
     """
@@ -108,7 +108,7 @@ def family_heads(
         key, value = (relayout(x, kv_layout, "BTNH") for x in (key, value))
         return run((query, key, value), mask)
     extra: dict[str, Any] = {"kv_layout": kv_layout}
-    read = use_cache(key, value, mask, variant.beams_in_place) if decode else None
+    read = decode_step(key, value, mask, variant.beams_in_place) if decode else None
     if read is not None:  # None: no decode, or the Linen layer's init, which only sizes the cache
         key, value, mask, extra["kv_layout"] = read.key, read.value, read.mask, LAYOUT
         extra["query_offset"] = read.offset.reshape(-1) if read.offset.ndim else read.offset

@@ -37,3 +37,10 @@ def test_a_moved_module_still_resolves_its_names_with_a_deprecation_warning():
         assert moved.Formulation is head.Formulation is attention.Formulation
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         moved.nothing
+
+    import attention.grouped as grouped
+    from attention import core, masks
+
+    for name, home in (("Options", head), ("with_structure", masks), ("relayout", core), ("to_grouped", core)):
+        with pytest.warns(DeprecationWarning, match=f"attention.grouped.{name} moved to {home.__name__}.{name}"):
+            assert getattr(grouped, name) is getattr(home, name)
